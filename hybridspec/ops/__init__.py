@@ -1,0 +1,5 @@
+"""Custom ops of hybridspec (namespace `hybridspec::`), each with a naive pure-torch twin."""
+
+from hybridspec.ops.gdn import GDNFactors, gdn_commit, gdn_verify, stack_factors
+
+__all__ = ["GDNFactors", "gdn_commit", "gdn_verify", "stack_factors"]

@@ -1,0 +1,244 @@
+"""`hybridspec::gdn_verify` and `hybridspec::gdn_commit`: custom ops, fake kernels and host wrappers.
+
+The ops are `torch.library.custom_op`s (DESIGN.md section 7: this form passes `opcheck` and a
+`fullgraph` compile on a machine without a GPU). Each body launches the Triton kernel for CUDA
+tensors, and for CPU tensors under `TRITON_INTERPRET=1`; otherwise it runs the naive twin.
+The wrappers validate; the kernels trust their inputs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+from hybridspec.ops import naive
+from hybridspec.ops.dispatch import count_launch, use_triton
+
+MAX_TOKENS = 16
+_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class GDNFactors(NamedTuple):
+    """Compact factors of one verification round, enough to commit any accepted length.
+
+    `z` fp32 `[..., B, T, HV, V]`, `k` (l2-normalised keys) fp32 `[..., B, T, HK, K]`,
+    `g_cum` (cumulative log decay) fp32 `[..., B, T, HV]`. A leading `L` dimension stacks layers.
+    """
+
+    z: torch.Tensor
+    k: torch.Tensor
+    g_cum: torch.Tensor
+
+
+def _block_v(V: int) -> int:
+    return min(V, 32)
+
+
+@torch.library.custom_op(
+    "hybridspec::gdn_verify", mutates_args=("z_out", "k_out", "g_out"), device_types=None
+)
+def _gdn_verify_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    num_tokens: torch.Tensor | None,
+    z_out: torch.Tensor,
+    k_out: torch.Tensor,
+    g_out: torch.Tensor,
+    scale: float,
+    use_qk_l2norm: bool,
+) -> torch.Tensor:
+    B, T, HK, K = q.shape
+    HV, V = v.shape[2:]
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
+    if use_triton(q):
+        from hybridspec.ops.gdn_verify import gdn_verify_kernel
+
+        BV = _block_v(V)
+        gdn_verify_kernel[(V // BV, B * HV)](
+            q, k, v, g, beta, state, num_tokens if num_tokens is not None else q,
+            o, z_out, k_out, g_out,
+            T, scale,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            g.stride(0), g.stride(1),
+            beta.stride(0), beta.stride(1),
+            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV,
+            HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm,
+            num_warps=4,
+        )
+        count_launch("gdn_verify")
+        return o
+    o_ref, z, kn, g_cum = naive.gdn_verify(
+        q, k, v, g, beta, state, scale=scale, use_qk_l2norm=use_qk_l2norm, num_tokens=num_tokens
+    )
+    o.copy_(o_ref)
+    z_out.copy_(z)
+    k_out.copy_(kn)
+    g_out.copy_(g_cum)
+    return o
+
+
+@_gdn_verify_op.register_fake
+def _(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale, use_qk_l2norm):
+    B, T = q.shape[:2]
+    return v.new_empty(B, T, *v.shape[2:])
+
+
+@torch.library.custom_op("hybridspec::gdn_commit", mutates_args=("states",), device_types=None)
+def _gdn_commit_op(
+    states: torch.Tensor,
+    z: torch.Tensor,
+    k: torch.Tensor,
+    g_cum: torch.Tensor,
+    num_commit: torch.Tensor,
+) -> None:
+    L, B, HV, K, V = states.shape
+    T, HK = k.shape[2], k.shape[3]
+    if use_triton(states):
+        from hybridspec.ops.gdn_commit import gdn_commit_kernel
+
+        BV = _block_v(V)
+        gdn_commit_kernel[(V // BV, L * B * HV)](
+            states, z, k, g_cum, num_commit,
+            B, T,
+            z.stride(0), k.stride(0), g_cum.stride(0),
+            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV,
+            num_warps=4,
+        )
+        count_launch("gdn_commit")
+        return
+    naive.gdn_commit(states, z, k, g_cum, num_commit)
+
+
+@_gdn_commit_op.register_fake
+def _(states, z, k, g_cum, num_commit):
+    return None
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _check_head_dim(name: str, d: int) -> None:
+    _check(
+        16 <= d <= 256 and d & (d - 1) == 0,
+        f"{name} head dim must be a power of two in [16, 256], got {d}",
+    )
+
+
+def _check_lengths(name: str, t: torch.Tensor | None, B: int, device: torch.device) -> None:
+    if t is None:
+        return
+    _check(
+        t.shape == (B,) and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool,
+        f"{name} must be an integer tensor of shape [B] = [{B}], got {t.dtype} {tuple(t.shape)}",
+    )
+    _check(t.device == device, f"{name} is on {t.device}, the inputs on {device}")
+
+
+def gdn_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    num_tokens: torch.Tensor | None = None,
+    factors_out: GDNFactors | None = None,
+) -> tuple[torch.Tensor, GDNFactors]:
+    """Outputs of T <= 16 tokens from `state`, and the factors that commit any prefix of them.
+
+    `q, k` `[B, T, HK, K]`, `v` `[B, T, HV, V]` (HV a multiple of HK), `g` (natural-log decay) and
+    `beta` `[B, T, HV]`, `state` `[B, HV, K, V]` fp32 (not modified). `num_tokens` `[B]` int: rows
+    at or past it are ignored (they may hold NaN) and their outputs are zero. Returns `o`
+    `[B, T, HV, V]` in the dtype of `v`, equal to the token-by-token recurrence, and `GDNFactors`.
+    `factors_out` supplies preallocated factor buffers (static addresses for CUDA graphs).
+    """
+    _check(q.dim() == 4 and k.shape == q.shape, f"q and k must be [B, T, HK, K] alike, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    B, T, HK, K = q.shape
+    _check(v.dim() == 4 and v.shape[:2] == (B, T), f"v must be [B, T, HV, V] = [{B}, {T}, HV, V], got {tuple(v.shape)}")
+    HV, V = v.shape[2:]
+    _check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got q {tuple(q.shape)}")
+    _check(HV % HK == 0, f"value heads ({HV}) must be a multiple of key heads ({HK}): v {tuple(v.shape)}, k {tuple(k.shape)}")
+    _check_head_dim("key", K)
+    _check_head_dim("value", V)
+    _check(g.shape == (B, T, HV) and beta.shape == (B, T, HV),
+           f"g and beta must be [B, T, HV] = [{B}, {T}, {HV}], got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    _check(state.shape == (B, HV, K, V), f"state must be [B, HV, K, V] = [{B}, {HV}, {K}, {V}], got {tuple(state.shape)}")
+    _check(state.dtype == torch.float32 and state.is_contiguous(), f"state must be contiguous fp32, got {state.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _check(t.dtype in _FLOAT_INPUTS, f"{name} must be fp32, bf16 or fp16, got {t.dtype}")
+        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
+        _check(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
+    _check_lengths("num_tokens", num_tokens, B, q.device)
+    if factors_out is None:
+        factors_out = GDNFactors(
+            torch.empty(B, T, HV, V, dtype=torch.float32, device=q.device),
+            torch.empty(B, T, HK, K, dtype=torch.float32, device=q.device),
+            torch.empty(B, T, HV, dtype=torch.float32, device=q.device),
+        )
+    else:
+        for name, t, shape in (
+            ("z", factors_out.z, (B, T, HV, V)),
+            ("k", factors_out.k, (B, T, HK, K)),
+            ("g_cum", factors_out.g_cum, (B, T, HV)),
+        ):
+            _check(
+                t.shape == shape and t.dtype == torch.float32 and t.is_contiguous() and t.device == q.device,
+                f"factors_out.{name} must be contiguous fp32 {list(shape)} on {q.device}, got {t.dtype} {tuple(t.shape)} on {t.device}",
+            )
+    o = _gdn_verify_op(
+        q, k, v, g, beta, state, num_tokens, *factors_out,
+        K**-0.5 if scale is None else float(scale), use_qk_l2norm,
+    )
+    return o, GDNFactors(*factors_out)
+
+
+def stack_factors(factors: Sequence[GDNFactors]) -> GDNFactors:
+    """Stack per-layer factors along a new leading dim (a copy; preallocate stacked buffers to avoid it)."""
+    return GDNFactors(*(torch.stack(parts) for parts in zip(*factors)))
+
+
+def gdn_commit(
+    states: torch.Tensor,
+    factors: GDNFactors | Sequence[GDNFactors],
+    num_commit: torch.Tensor,
+) -> None:
+    """Advance every layer's state in place by its first `num_commit[b]` verified tokens, in one launch.
+
+    `states` `[L, B, HV, K, V]` contiguous fp32. `factors`: one `GDNFactors` with a leading `L`
+    dimension (zero copy: give `gdn_verify` per-layer views of it as `factors_out`), or a list of
+    `L` of them (stacked here, a copy). `num_commit` `[B]` int, `0 <= m <= T` (not checked on the
+    device: that would need a host sync).
+    """
+    if not isinstance(factors, GDNFactors):
+        factors = stack_factors(list(factors))
+    _check(states.dim() == 5, f"states must be [L, B, HV, K, V], got {tuple(states.shape)}")
+    L, B, HV, K, V = states.shape
+    _check(states.dtype == torch.float32 and states.is_contiguous(), f"states must be contiguous fp32, got {states.dtype}")
+    z, k, g_cum = factors
+    _check(z.dim() == 5 and z.shape[:2] == (L, B) and z.shape[3:] == (HV, V),
+           f"factors.z must be [L, B, T, HV, V] = [{L}, {B}, T, {HV}, {V}], got {tuple(z.shape)}")
+    T = z.shape[2]
+    _check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got factors.z {tuple(z.shape)}")
+    _check(k.dim() == 5 and k.shape[:3] == (L, B, T) and k.shape[4] == K and HV % k.shape[3] == 0,
+           f"factors.k must be [L, B, T, HK, K] = [{L}, {B}, {T}, HK, {K}] with HV % HK == 0, got {tuple(k.shape)}")
+    _check(g_cum.shape == (L, B, T, HV), f"factors.g_cum must be [L, B, T, HV] = [{L}, {B}, {T}, {HV}], got {tuple(g_cum.shape)}")
+    for name, t in (("z", z), ("k", k), ("g_cum", g_cum)):
+        _check(t.dtype == torch.float32 and t.device == states.device, f"factors.{name} must be fp32 on {states.device}, got {t.dtype} on {t.device}")
+        _check(t[0].is_contiguous(), f"factors.{name} must be contiguous per layer, got strides {t.stride()}")
+    _check_head_dim("key", K)
+    _check_head_dim("value", V)
+    _check_lengths("num_commit", num_commit, B, states.device)
+    _gdn_commit_op(states, z, k, g_cum, num_commit)

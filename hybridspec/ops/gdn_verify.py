@@ -1,0 +1,104 @@
+"""Block-parallel GDN verification (DESIGN.md eqs. 3 and 4): all w outputs and the compact factors.
+
+One program per (value-column tile, batch x value head). Per program, with T padded to BT = 16:
+
+    (I + A) Z = diag(beta) (V - diag(e^G) K S_0)      by forward substitution (unit lower triangular)
+    O = diag(e^G) Q S_0 + (M * Q K^T) Z
+
+Columns of V, Z and O are independent, so each program owns a BV-wide slice of them and recomputes
+the tiny T x T matrices. No per-token K x V state is formed.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gdn_verify_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, num_tokens_ptr,
+    o_ptr, z_ptr, kn_ptr, gcum_ptr,
+    T, scale,
+    sqb, sqt, sqh,
+    skb, skt, skh,
+    svb, svt, svh,
+    sgb, sgt,
+    sbb, sbt,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr,
+    HAS_NUM_TOKENS: tl.constexpr, USE_L2NORM: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    b = i_bh // HV
+    h = i_bh % HV
+    # value head h reads key head h // (HV // HK), as transformers' repeat_interleave does
+    hk = h // (HV // HK)
+    if HAS_NUM_TOKENS:
+        n = tl.load(num_tokens_ptr + b).to(tl.int32)
+    else:
+        n = T
+
+    rows = tl.arange(0, BT)
+    cols_k = tl.arange(0, K)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    in_bounds = rows < T
+    # rows past n may hold NaN: select zeros with where (0 * NaN is NaN)
+    valid = rows < n
+
+    q = tl.load(q_ptr + b * sqb + rows[:, None] * sqt + hk * sqh + cols_k[None, :],
+                mask=in_bounds[:, None], other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + b * skb + rows[:, None] * skt + hk * skh + cols_k[None, :],
+                mask=in_bounds[:, None], other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + b * svb + rows[:, None] * svt + h * svh + cols_v[None, :],
+                mask=in_bounds[:, None], other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + b * sgb + rows * sgt + h, mask=in_bounds, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + b * sbb + rows * sbt + h, mask=in_bounds, other=0.0).to(tl.float32)
+    q = tl.where(valid[:, None], q, 0.0)
+    k = tl.where(valid[:, None], k, 0.0)
+    v = tl.where(valid[:, None], v, 0.0)
+    g = tl.where(valid, g, 0.0)
+    beta = tl.where(valid, beta, 0.0)
+
+    if USE_L2NORM:
+        q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
+        k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+    q = q * scale
+
+    G = tl.cumsum(g, axis=0)  # [BT]
+    # mask the exponent before exp: e^{G_i - G_j} for j > i overflows under strong decay
+    diff = G[:, None] - G[None, :]
+    causal = rows[:, None] >= rows[None, :]
+    decay = tl.exp(tl.where(causal, diff, float("-inf")))  # [BT, BT]
+
+    state_base = state_ptr + i_bh * K * V
+    S0 = tl.load(state_base + cols_k[:, None] * V + cols_v[None, :])  # [K, BV]
+    eG = tl.exp(G)
+
+    KS = tl.dot(k, S0, input_precision="ieee")  # [BT, BV]
+    rhs = beta[:, None] * (v - eG[:, None] * KS)
+    KK = tl.dot(k, tl.trans(k), input_precision="ieee")  # [BT, BT]
+    strict = rows[:, None] > rows[None, :]
+    A = tl.where(strict, beta[:, None] * KK * decay, 0.0)
+
+    Z = tl.zeros([BT, BV], dtype=tl.float32)
+    for i in range(0, n):
+        sel = rows[:, None] == i
+        a_i = tl.sum(tl.where(sel, A, 0.0), axis=0)  # [BT], A[i, :]
+        r_i = tl.sum(tl.where(sel, rhs, 0.0), axis=0)  # [BV]
+        z_i = r_i - tl.sum(a_i[:, None] * Z, axis=0)
+        Z = tl.where(sel, z_i[None, :], Z)
+
+    QS = tl.dot(q, S0, input_precision="ieee")
+    QK = tl.dot(q, tl.trans(k), input_precision="ieee")
+    O = eG[:, None] * QS + tl.dot(QK * decay, Z, input_precision="ieee")
+
+    out_rows = (b * T + rows[:, None]) * HV + h
+    tl.store(o_ptr + out_rows * V + cols_v[None, :], O.to(o_ptr.dtype.element_ty), mask=in_bounds[:, None])
+    tl.store(z_ptr + out_rows * V + cols_v[None, :], Z, mask=in_bounds[:, None])
+    if i_v == 0:
+        tl.store(gcum_ptr + (b * T + rows) * HV + h, G, mask=in_bounds)
+        if h % (HV // HK) == 0:
+            kn_rows = (b * T + rows[:, None]) * HK + hk
+            tl.store(kn_ptr + kn_rows * K + cols_k[None, :], k, mask=in_bounds[:, None])
