@@ -166,9 +166,9 @@ def gdn_verify(
     """
     _check(q.dim() == 4 and k.shape == q.shape, f"q and k must be [B, T, HK, K] alike, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     B, T, HK, K = q.shape
+    _check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got q {tuple(q.shape)}")
     _check(v.dim() == 4 and v.shape[:2] == (B, T), f"v must be [B, T, HV, V] = [{B}, {T}, HV, V], got {tuple(v.shape)}")
     HV, V = v.shape[2:]
-    _check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got q {tuple(q.shape)}")
     _check(HV % HK == 0, f"value heads ({HV}) must be a multiple of key heads ({HK}): v {tuple(v.shape)}, k {tuple(k.shape)}")
     _check_head_dim("key", K)
     _check_head_dim("value", V)
