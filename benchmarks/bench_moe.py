@@ -1,0 +1,238 @@
+"""One MoE experts layer of the Qwen3.5-35B-A3B shape on one GPU (256 experts, H 2048, I 512, bf16).
+
+Latency of `hybridspec.ops.moe_experts` (CUDA graph) and of transformers' `grouped_mm` and
+`batched_mm` experts paths (CUDA graph where capture works, else eager; the output says which) at
+16 rows x top-8 with exactly U distinct experts, and at 1 row (an AR step). The bytes bound is the
+selected experts' bytes at the device-to-device copy bandwidth measured in this run (bytes read +
+written). Every sample picks a fresh random set of experts and the L2 is flushed before it, so no
+sample finds its weights in L2. Fit latency = a + eta * U per path; report eta and Pearson r.
+
+    python benchmarks/bench_moe.py [--out bench_out/moe.json] [--config gate_up_block_i=64,...]
+    python benchmarks/bench_moe.py --sweep     # tile/warp sweep, then the full run with the best
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, write_json  # noqa: E402
+from hybridspec.ops import moe as moe_mod  # noqa: E402
+from hybridspec.ops import moe_experts, naive_moe  # noqa: E402
+
+E, H, I, K = 256, 2048, 512, 8
+U_LIST = (8, 16, 32, 64, 96, 128)
+# gate, up and down of one expert in bf16: 6.29 MB
+EXPERT_BYTES = 3 * H * I * 2
+
+
+def routing(rows: int, U: int, gen: torch.Generator):
+    """ids [rows, K] naming exactly U distinct experts (k distinct per row) and normalised weights."""
+    chosen = torch.randperm(E, generator=gen)[:U]
+    # row r takes K consecutive entries of the cycle over `chosen`: distinct as U >= K, all U used
+    flat = torch.arange(rows * K) % U
+    ids = chosen[flat].view(rows, K)
+    w = torch.rand(rows, K, generator=gen)
+    return ids.cuda(), (w / w.sum(-1, keepdim=True)).to(torch.bfloat16).cuda()
+
+
+def timed(run, ids_buf, w_buf, samples, flush):
+    """Median-ready latencies (us) of `run`, one per routing sample, L2 flushed before each."""
+    # warm-up
+    for ids, w in samples[:3]:
+        ids_buf.copy_(ids)
+        w_buf.copy_(w)
+        run()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in samples]
+    for (ids, w), (a, b) in zip(samples, ev):
+        flush.zero_()
+        ids_buf.copy_(ids)
+        w_buf.copy_(w)
+        a.record()
+        run()
+        b.record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) * 1e3 for a, b in ev]
+
+
+def transformers_experts(gate_up, down, impl):
+    from transformers import Qwen3_5MoeTextConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeExperts
+
+    # the defaults are the 35B-A3B shape
+    config = Qwen3_5MoeTextConfig()
+    assert (config.num_experts, config.hidden_size, config.moe_intermediate_size) == (E, H, I)
+    config._experts_implementation = impl
+    with torch.device("meta"):
+        experts = Qwen3_5MoeExperts(config)
+    experts.gate_up_proj = torch.nn.Parameter(gate_up, requires_grad=False)
+    experts.down_proj = torch.nn.Parameter(down, requires_grad=False)
+    return experts
+
+
+class Bench:
+    def __init__(self, samples_per_case: int):
+        gen = torch.Generator().manual_seed(0)
+        self.gate_up = (torch.randn(E, 2 * I, H, device="cuda") * H**-0.5).to(torch.bfloat16)
+        self.down = (torch.randn(E, H, I, device="cuda") * I**-0.5).to(torch.bfloat16)
+        # written before every sample: over 4x the 60 MB L2
+        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        self.cases = [(16, U) for U in U_LIST] + [(1, K)]
+        self.samples = {c: [routing(*c, gen) for _ in range(samples_per_case)] for c in self.cases}
+        self.hidden = {rows: torch.randn(rows, H, generator=gen).to(torch.bfloat16).cuda() for rows in (1, 16)}
+        # bytes/s, read + written
+        self.bw = copy_bandwidth_gbs() * 1e9
+
+    def bound_us(self, U):
+        return U * EXPERT_BYTES / self.bw * 1e6
+
+    def measure(self, case, make_fn, samples=None):
+        rows, _ = case
+        samples = samples or self.samples[case]
+        ids_buf, w_buf = (x.clone() for x in samples[0])
+        fn = make_fn(self.hidden[rows], ids_buf, w_buf)
+        mode = "graph"
+        try:
+            run = capture(fn).replay
+        # capture failed: time the eager path and say why
+        except Exception as exc:
+            torch.cuda.synchronize()
+            mode, run = f"eager ({type(exc).__name__}: {str(exc).splitlines()[0][:70]})", fn
+        return float(np.median(timed(run, ids_buf, w_buf, samples, self.flush))), mode
+
+    def ours(self, hidden, ids, w):
+        nt = torch.tensor([hidden.shape[0]], device="cuda")
+        return lambda: moe_experts(hidden, ids, w, self.gate_up, self.down, num_tokens=nt)
+
+    def check(self):
+        """Kernel vs naive twin (and vs transformers' grouped_mm) at the full shape, before timing."""
+        errs = {}
+        for case in ((16, 64), (16, 8), (1, 8)):
+            ids, w = self.samples[case][0]
+            x = self.hidden[case[0]]
+            out = moe_experts(x, ids, w, self.gate_up, self.down).float()
+            ref = naive_moe.moe_experts(x, ids, w, self.gate_up, self.down).float()
+            key = f"{case[0]}x{case[1]}"
+            errs[key] = {"vs_naive": ((out - ref).norm() / ref.norm()).item()}
+            assert errs[key]["vs_naive"] < 1e-2, errs
+            # informational: transformers rounds gate and up to bf16 separately
+            try:
+                tf = transformers_experts(self.gate_up, self.down, "grouped_mm")(x, ids, w).float()
+                errs[key]["vs_grouped_mm"] = ((out - tf).norm() / tf.norm()).item()
+            except Exception as exc:
+                errs[key]["vs_grouped_mm"] = f"{type(exc).__name__}: {exc}"[:120]
+        return errs
+
+
+def fit(us, lat):
+    eta, a = np.polyfit(us, lat, 1)
+    return {"a_us": float(a), "eta_us_per_expert": float(eta), "pearson_r": float(np.corrcoef(us, lat)[0, 1])}
+
+
+def apply_config(cfg: dict):
+    for k, v in cfg.items():
+        setattr(moe_mod.KERNEL_CONFIG, k, int(v))
+
+
+def sweep(bench: Bench, samples: int):
+    """Greedy sweep: gate/up tiles and warps, then down tiles and warps, then pipeline stages.
+    Score: the worst latency / bytes-bound ratio over a few cases."""
+    cases = [c for c in ((16, 8), (16, 64), (16, 128), (1, 8)) if c in bench.samples]
+    phases = [
+        {"gate_up_block_i": (16, 32, 64), "gate_up_block_h": (64, 128, 256), "gate_up_warps": (2, 4, 8)},
+        {"down_block_h": (32, 64, 128), "down_block_i": (64, 128, 256), "down_warps": (2, 4, 8)},
+        {"num_stages": (1, 2, 3, 4, 5)},
+    ]
+    best = dataclasses.asdict(moe_mod.KERNEL_CONFIG)
+    results = []
+    for phase in phases:
+        scored = []
+        for values in itertools.product(*phase.values()):
+            cfg = {**best, **dict(zip(phase.keys(), values))}
+            apply_config(cfg)
+            try:
+                lat = [bench.measure(c, bench.ours, samples=bench.samples[c][:samples])[0] for c in cases]
+            # e.g. out of shared memory
+            except Exception as exc:
+                print(f"  {dict(zip(phase.keys(), values))}: failed ({type(exc).__name__}: {str(exc)[:80]})")
+                continue
+            score = max(t / bench.bound_us(c[1]) for t, c in zip(lat, cases))
+            scored.append((score, cfg))
+            results.append({"config": cfg, "latency_us": dict(zip(map(str, cases), lat)), "score": score})
+            print(f"  score {score:5.2f}  " + " ".join(f"{t:7.1f}" for t in lat) + f"  {dict(zip(phase.keys(), values))}")
+        best = min(scored, key=lambda s: s[0])[1] if scored else best
+    apply_config(best)
+    print("best config: --config " + ",".join(f"{k}={v}" for k, v in best.items()))
+    return {"cases": [str(c) for c in cases], "results": results, "best": best}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench_out/moe.json")
+    p.add_argument("--samples", type=int, default=40, help="routing samples per case (median of them)")
+    p.add_argument("--config", default="", help="kernel config overrides, e.g. gate_up_block_i=64,down_warps=8")
+    p.add_argument("--sweep", action="store_true", help="sweep tiles/warps first, then run with the best")
+    p.add_argument("--skip-transformers", action="store_true")
+    args = p.parse_args()
+    t0 = time.time()
+    if args.config:
+        apply_config(dict(kv.split("=") for kv in args.config.split(",")))
+    bench = Bench(max(args.samples, 30))
+    report = {"env": env_info(), "copy_bw_TBps": bench.bw / 1e12}
+    env = report["env"]
+    print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}  transformers {env['transformers']}  "
+          f"copy bandwidth {bench.bw / 1e12:.2f} TB/s (read+write)")
+    if args.sweep:
+        report["sweep"] = sweep(bench, samples=20)
+    report["config"] = dataclasses.asdict(moe_mod.KERNEL_CONFIG)
+    report["correctness"] = bench.check()
+    print("correctness (rel err):", json.dumps(report["correctness"]))
+
+    paths = {"hybridspec": bench.ours}
+    if not args.skip_transformers:
+        for impl in ("batched_mm", "grouped_mm"):
+            experts = transformers_experts(bench.gate_up, bench.down, impl)
+            paths[impl] = lambda x, ids, w, m=experts: (lambda: m(x, ids, w))
+    rows = []
+    for case in bench.cases:
+        row = {"rows": case[0], "U": case[1], "bound_us": bench.bound_us(case[1])}
+        for name, make_fn in paths.items():
+            row[f"{name}_us"], row[f"{name}_mode"] = bench.measure(case, make_fn)
+        row["ratio"] = row["hybridspec_us"] / row["bound_us"]
+        rows.append(row)
+    report["cases"] = rows
+
+    names = list(paths)
+    print()
+    print_table(["rows", "U", "bound us"] + [f"{n} us" for n in names] + ["ours/bound"],
+                [[r["rows"], r["U"], r["bound_us"]] + [r[f"{n}_us"] for n in names] + [r["ratio"]] for r in rows])
+    for n in names:
+        print(f"{n}: {sorted({r[n + '_mode'] for r in rows})}")
+    sixteen = [r for r in rows if r["rows"] == 16]
+    us = np.array([r["U"] for r in sixteen], dtype=float)
+    report["fit_16_rows"] = {n: fit(us, np.array([r[n + "_us"] for r in sixteen])) for n in names}
+    for n, f in report["fit_16_rows"].items():
+        print(f"fit {n:>10}: latency = {f['a_us']:.1f} us + {f['eta_us_per_expert']:.3f} us/expert * U, r = {f['pearson_r']:.4f}")
+    one = next(r for r in rows if r["rows"] == 1)
+    report["targets"] = {
+        "max_ratio_16_rows (<= 1.5)": max(r["ratio"] for r in sixteen),
+        "pearson_r (>= 0.99)": report["fit_16_rows"]["hybridspec"]["pearson_r"],
+        "one_row_ratio_to_8_experts (<= 1.5)": one["ratio"],
+    }
+    print("targets:", json.dumps(report["targets"]))
+    write_json(args.out, report)
+    print(f"done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The "hybridspec" experts implementation for transformers' `ExpertsInterface`.
+
+Call `hybridspec.experts.register()` once (it is idempotent; importing this module does not
+register, so `import hybridspec` never touches transformers). Then an experts implementation
+named "hybridspec" runs `hybridspec.ops.moe_experts` for every experts module decorated with
+`@use_experts_implementation` in the `Qwen3_5MoeExperts` layout:
+
+    hybridspec.experts.register()
+    model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="hybridspec")
+    # or, on a loaded model: model.set_experts_implementation("hybridspec")
+
+transformers (5.17 through 5.24) validates the name against `ExpertsInterface` when a model is
+built or switched, so `register()` must run before that. The op has no autograd formula: this is
+an inference path (a backward through it raises).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridspec.ops.moe import moe_experts
+
+NAME = "hybridspec"
+
+
+def _check_supported(experts: torch.nn.Module) -> None:
+    # The op implements one layout: concatenated [gate; up] rows, untransposed, no bias, SwiGLU.
+    unsupported = [
+        flag
+        for flag, bad in (
+            ("has_gate=False", not getattr(experts, "has_gate", True)),
+            ("has_bias=True", getattr(experts, "has_bias", False)),
+            ("is_transposed=True", getattr(experts, "is_transposed", False)),
+            ("is_concatenated=False", not getattr(experts, "is_concatenated", True)),
+            ("has_post_expert_norm=True", getattr(experts, "has_post_expert_norm", False)),
+            ("expert parallelism", getattr(experts, "_is_expert_parallel", False)),
+        )
+        if bad
+    ]
+    act = getattr(experts.config, "hidden_act", None)
+    if act not in ("silu", "swish"):
+        unsupported.append(f"hidden_act={act!r}")
+    if unsupported:
+        raise NotImplementedError(
+            f'experts_implementation="{NAME}" supports SwiGLU experts with concatenated, untransposed '
+            f"gate_up_proj [E, 2I, H] and down_proj [E, H, I]; {type(experts).__name__} has "
+            + ", ".join(unsupported)
+        )
+
+
+def hybridspec_experts_forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """Signature of transformers' experts functions: `self` is the experts module, `hidden_states`
+    `[T, H]`, `top_k_index` / `top_k_weights` `[T, k]`; returns `[T, H]` in the hidden dtype."""
+    _check_supported(self)
+    dtype = self.gate_up_proj.dtype
+    out = moe_experts(
+        hidden_states.to(dtype), top_k_index, top_k_weights, self.gate_up_proj, self.down_proj
+    )
+    return out.to(hidden_states.dtype)
+
+
+def register() -> str:
+    """Add "hybridspec" to transformers' `ExpertsInterface` (all instances); returns the name."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(NAME, hybridspec_experts_forward)
+    return NAME

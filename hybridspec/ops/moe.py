@@ -1,0 +1,202 @@
+"""`hybridspec::moe_experts`: custom op, fake kernel and host wrapper for small-batch MoE experts.
+
+Same form as the GDN ops (DESIGN.md section 7): a `torch.library.custom_op` whose body launches the
+Triton kernels (hybridspec/ops/moe_experts.py) for CUDA tensors, and for CPU tensors under
+`TRITON_INTERPRET=1`, and runs the naive twin otherwise. The wrapper validates; the kernels trust
+their inputs. Three launches per 16-row piece, no host sync, no data-dependent shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybridspec.ops import naive_moe
+from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
+
+# token rows per kernel piece: tl.dot needs at least 16, and 16 covers a verification window
+BLOCK_ROWS = 16
+_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class MoEKernelConfig:
+    """Tile sizes and launch options; `benchmarks/bench_moe.py --sweep` tries other values.
+
+    Each block size is an upper bound: the launch uses the largest power of two <= it that divides
+    the dimension it tiles (H and I are multiples of 16), so weight loads are never masked.
+    """
+
+    # I columns per gate/up program: narrow tiles put more programs in flight at small U
+    gate_up_block_i: int = 32
+    # H chunk per loop step of gate/up
+    gate_up_block_h: int = 128
+    gate_up_warps: int = 4
+    # H columns per down program, and I chunk per loop step of down
+    down_block_h: int = 64
+    down_block_i: int = 128
+    down_warps: int = 4
+    # software-pipelined weight loads in flight per program (both weight kernels)
+    num_stages: int = 3
+    reduce_block_h: int = 1024
+
+
+KERNEL_CONFIG = MoEKernelConfig()
+
+
+def _block(limit: int, dim: int) -> int:
+    b = 16
+    while b * 2 <= limit and dim % (b * 2) == 0:
+        b *= 2
+    return b
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out):
+    """Run the three kernels on one piece of at most 16 rows; `out` is that piece's rows."""
+    from hybridspec.ops.moe_experts import moe_down_kernel, moe_gate_up_kernel, moe_reduce_kernel
+
+    cfg = KERNEL_CONFIG
+    T, H = x.shape
+    K = ids.shape[1]
+    E, I = gate_up.shape[0], down.shape[2]
+    # every slot of the piece, read flat
+    SP = _next_pow2(BLOCK_ROWS * K)
+    has_n = num_tokens is not None
+    nt = num_tokens if has_n else ids
+    # Triton's interpreter gets bf16 wrong (dots multiply bit patterns, casts truncate): there the
+    # kernels upcast bf16 operands (exact products, fp32 sums as on the GPU) and round explicitly
+    interp_bf16 = TRITON_INTERPRET and gate_up.dtype == torch.bfloat16
+    # fp32 operands need ieee (the default is tf32); 16-bit operands ignore the setting
+    prec = "ieee" if gate_up.dtype == torch.float32 or interp_bf16 else "tf32"
+    bn, bk = _block(cfg.gate_up_block_i, I), _block(cfg.gate_up_block_h, H)
+    moe_gate_up_kernel[(T * K, I // bn)](
+        x, ids, nt, gate_up, h,
+        T, E, row_off, x.stride(0),
+        H=H, I=I, K=K, BM=BLOCK_ROWS, KP=_next_pow2(K), SP=SP, BN=bn, BK=bk,
+        HAS_NUM_TOKENS=has_n, PRECISION=prec, INTERPRET_BF16=interp_bf16,
+        num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages,
+    )
+    count_launch("moe_gate_up")
+    bn, bk = _block(cfg.down_block_h, H), _block(cfg.down_block_i, I)
+    moe_down_kernel[(T * K, H // bn)](
+        h, ids, nt, down, y,
+        T, E, row_off,
+        H=H, I=I, K=K, BM=BLOCK_ROWS, SP=SP, BN=bn, BK=bk,
+        HAS_NUM_TOKENS=has_n, PRECISION=prec, INTERPRET_BF16=interp_bf16,
+        num_warps=cfg.down_warps, num_stages=cfg.num_stages,
+    )
+    count_launch("moe_down")
+    bn = _block(cfg.reduce_block_h, H)
+    moe_reduce_kernel[(T, H // bn)](
+        y, ids, wts, nt, out,
+        T, E, row_off, wts.stride(0), wts.stride(1), out.stride(0),
+        H=H, K=K, BN=bn, HAS_NUM_TOKENS=has_n,
+        INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16,
+        num_warps=4,
+    )
+    count_launch("moe_reduce")
+
+
+@torch.library.custom_op("hybridspec::moe_experts", mutates_args=(), device_types=None)
+def _moe_experts_op(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    num_tokens: torch.Tensor | None,
+) -> torch.Tensor:
+    T, H = hidden.shape
+    K = topk_ids.shape[1]
+    I = down_proj.shape[2]
+    if not use_triton(hidden):
+        return naive_moe.moe_experts(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens)
+    out = torch.empty(T, H, dtype=hidden.dtype, device=hidden.device)
+    if T == 0:
+        return out
+    # the kernels read ids flat (a no-op for torch.topk's output)
+    topk_ids = topk_ids.contiguous()
+    # scratch shared by the pieces (stream order keeps them apart); h is indexed by leading slot
+    h = torch.empty(BLOCK_ROWS * K, BLOCK_ROWS, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [slots, rows, I]
+    y = torch.empty(BLOCK_ROWS, K, H, dtype=torch.float32, device=hidden.device)  # [rows, k, H]
+    # Beyond 16 rows: consecutive 16-row pieces, each reading its own experts once (correct and
+    # graph-capturable; long prefills are better served by a grouped GEMM).
+    for r0 in range(0, T, BLOCK_ROWS):
+        r1 = min(r0 + BLOCK_ROWS, T)
+        _launch_piece(
+            hidden[r0:r1], topk_ids[r0:r1], topk_weights[r0:r1], gate_up_proj, down_proj,
+            num_tokens, r0, h, y, out[r0:r1],
+        )
+    return out
+
+
+@_moe_experts_op.register_fake
+def _(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens):
+    return hidden.new_empty(hidden.shape)
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def moe_experts(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    *,
+    num_tokens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SwiGLU experts of transformers' `Qwen3_5MoeExperts`, reading each selected expert once.
+
+    `hidden` `[T, H]`; `topk_ids` (integer) and `topk_weights` (float) `[T, k]`; `gate_up_proj`
+    `[E, 2I, H]` (gate rows first, then up) and `down_proj` `[E, H, I]`, contiguous, in the dtype of
+    `hidden`. Returns `[T, H]` in that dtype: `sum_j w[t, j] * down_e(silu(gate_e x_t) * up_e x_t)`,
+    `e = topk_ids[t, j]`, accumulated in fp32 (the SwiGLU output is rounded to the weight dtype,
+    as transformers does). Assignments whose id is outside `[0, E)` contribute nothing.
+
+    `num_tokens`: optional integer tensor with one element (shape `[1]` or `[]`) on the device of
+    `hidden`. Rows at or past it produce zeros and read no expert weights; their ids may be garbage
+    and their hidden states NaN. T <= 16 is one piece (three launches); larger T runs consecutive
+    16-row pieces, each reading the experts its rows select.
+    """
+    _check(hidden.dim() == 2, f"hidden must be [T, H], got {tuple(hidden.shape)}")
+    T, H = hidden.shape
+    _check(topk_ids.dim() == 2 and topk_ids.shape[0] == T and topk_ids.shape[1] >= 1,
+           f"topk_ids must be [T, k] = [{T}, k], got {tuple(topk_ids.shape)}")
+    K = topk_ids.shape[1]
+    _check(topk_weights.shape == (T, K),
+           f"topk_weights must be [T, k] = [{T}, {K}] like topk_ids, got {tuple(topk_weights.shape)}")
+    _check(gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == H and gate_up_proj.shape[1] % 2 == 0,
+           f"gate_up_proj must be [E, 2I, H] with H = {H}, got {tuple(gate_up_proj.shape)}")
+    E, I = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
+    _check(down_proj.shape == (E, H, I),
+           f"down_proj must be [E, H, I] = [{E}, {H}, {I}] to match gate_up_proj {tuple(gate_up_proj.shape)}, "
+           f"got {tuple(down_proj.shape)}")
+    _check(H % 16 == 0 and I % 16 == 0 and I > 0,
+           f"H and I must be positive multiples of 16, got H = {H}, I = {I} (gate_up_proj {tuple(gate_up_proj.shape)})")
+    _check(hidden.dtype in _FLOAT_INPUTS, f"hidden must be fp32, bf16 or fp16, got {hidden.dtype}")
+    _check(gate_up_proj.dtype == hidden.dtype and down_proj.dtype == hidden.dtype,
+           f"gate_up_proj ({gate_up_proj.dtype}) and down_proj ({down_proj.dtype}) must have hidden's dtype {hidden.dtype}")
+    _check(not topk_ids.is_floating_point() and not topk_ids.is_complex() and topk_ids.dtype != torch.bool,
+           f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
+    _check(topk_weights.is_floating_point(), f"topk_weights must be a float tensor, got {topk_weights.dtype}")
+    _check(hidden.stride(1) == 1, f"hidden must be contiguous in its last dim, got strides {hidden.stride()}")
+    _check(gate_up_proj.is_contiguous() and down_proj.is_contiguous(),
+           f"gate_up_proj and down_proj must be contiguous, got strides {gate_up_proj.stride()} and {down_proj.stride()}")
+    for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights),
+                    ("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
+        _check(t.device == hidden.device, f"{name} is on {t.device}, hidden on {hidden.device}")
+    if num_tokens is not None:
+        _check(num_tokens.numel() == 1 and num_tokens.dim() <= 1 and not num_tokens.is_floating_point()
+               and not num_tokens.is_complex() and num_tokens.dtype != torch.bool,
+               f"num_tokens must be an integer tensor of shape [1] or [], got {num_tokens.dtype} {tuple(num_tokens.shape)}")
+        _check(num_tokens.device == hidden.device, f"num_tokens is on {num_tokens.device}, hidden on {hidden.device}")
+    return _moe_experts_op(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens)

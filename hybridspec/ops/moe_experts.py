@@ -1,0 +1,151 @@
+"""Small-batch MoE experts (SwiGLU) whose cost follows the distinct experts touched.
+
+Up to BM = 16 token rows with k assignments each. The grid's first axis runs over the T * k
+assignment *slots* (slot s = row * k + j). A slot *leads* when its assignment is valid (row below
+`num_tokens`, expert id in [0, E)) and no earlier valid slot chose the same expert; every other
+slot's program exits at once. So each selected expert is handled by exactly one slot, and its
+weights are read once per call however many rows chose it, without sorting or host syncs.
+
+1. `moe_gate_up_kernel`, grid (slots, I / BN): the leading program of expert e multiplies all rows
+   that chose e (others masked to zero, padded to 16 rows for tl.dot) by its BN-row tiles of the
+   gate and up projections and stores `silu(gate) * up` `[BM, BN]` into the slot's row of `h`.
+2. `moe_down_kernel`, grid (slots, H / BN): the leading program multiplies `h[slot]` `[BM, I]` by a
+   BN-row tile of the down projection and stores the result for every (row, j) that chose e into
+   the per-assignment buffer `y` `[BM, k, H]` (fp32).
+3. `moe_reduce_kernel`, grid (T, H / BN): `out[r] = sum_j w[r, j] * y[r, j]` over valid
+   assignments, in the fixed order j = 0..k-1 (deterministic, no atomics), cast to the output dtype.
+
+Block sizes divide H and I (the host picks them), so no load along a weight row is masked and the
+loads vectorise. Accumulation is fp32; the SwiGLU output is rounded to the weight dtype before the
+down projection so 16-bit weights go to the tensor cores directly (transformers rounds it too).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round_bf16(x):
+    """fp32 rounded to the nearest-even bf16 value, still fp32. Only for the interpreter, whose
+    fp32 -> bf16 cast truncates; the GPU cast rounds to nearest even already. int64 math: the
+    interpreter checks int32 arithmetic for overflow."""
+    b = x.to(tl.int32, bitcast=True).to(tl.int64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
+    return b.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def moe_gate_up_kernel(
+    x_ptr, ids_ptr, num_tokens_ptr, w_ptr, h_ptr,
+    T, E, row_off, s_xt,
+    H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
+    BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    HAS_NUM_TOKENS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    i_n = tl.program_id(1)
+    n = T
+    if HAS_NUM_TOKENS:
+        n = tl.minimum(tl.load(num_tokens_ptr).to(tl.int32) - row_off, T)
+    # ids [T, K] contiguous, read flat; rows past n may hold garbage ids and never select
+    f = tl.arange(0, SP)
+    ids = tl.load(ids_ptr + f, mask=f < T * K, other=-1)
+    e = tl.load(ids_ptr + slot)
+    lead = (slot // K < n) & (e >= 0) & (e < E)
+    earlier = (f < slot) & (f // K < n) & (ids == e)
+    lead = lead & (tl.sum(earlier.to(tl.int32)) == 0)
+    if lead:
+        rows = tl.arange(0, BM)
+        cols = tl.arange(0, KP)
+        ids2 = tl.load(ids_ptr + rows[:, None] * K + cols[None, :],
+                       mask=(rows[:, None] < T) & (cols[None, :] < K), other=-1)
+        # a row is loaded only if it chose e; others (padding, NaN rows past n) stay zero
+        member = (rows < n) & (tl.max((ids2 == e).to(tl.int32), axis=1) > 0)  # [BM]
+        # this program's columns of I
+        cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
+        # gate_up_proj[e] is [2I, H]: gate rows 0..I-1, up rows I..2I-1 (transformers' chunk order)
+        w_base = w_ptr + e.to(tl.int64) * (2 * I * H)
+        acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            cols_k = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + rows[:, None] * s_xt + cols_k[None, :], mask=member[:, None], other=0.0)
+            wg = tl.load(w_base + cols_n[:, None] * H + cols_k[None, :])  # [BN, BK]
+            wu = tl.load(w_base + (I + cols_n[:, None]) * H + cols_k[None, :])  # [BN, BK]
+            # the interpreter multiplies bf16 bit patterns as integers: upcast there (exact products)
+            if INTERPRET_BF16:
+                x, wg, wu = x.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
+            acc_g = tl.dot(x, tl.trans(wg), acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(x, tl.trans(wu), acc_u, input_precision=PRECISION)
+        # SwiGLU
+        act = acc_g * tl.sigmoid(acc_g) * acc_u  # [BM, BN]
+        if INTERPRET_BF16:
+            act = _round_bf16(act)
+        tl.store(h_ptr + (slot * BM + rows[:, None]) * I + cols_n[None, :], act.to(h_ptr.dtype.element_ty))
+
+
+@triton.jit
+def moe_down_kernel(
+    h_ptr, ids_ptr, num_tokens_ptr, w_ptr, y_ptr,
+    T, E, row_off,
+    H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
+    BM: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    HAS_NUM_TOKENS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    i_n = tl.program_id(1)
+    n = T
+    if HAS_NUM_TOKENS:
+        n = tl.minimum(tl.load(num_tokens_ptr).to(tl.int32) - row_off, T)
+    # ids [T, K] contiguous, read flat; rows past n may hold garbage ids and never select
+    f = tl.arange(0, SP)
+    ids = tl.load(ids_ptr + f, mask=f < T * K, other=-1)
+    e = tl.load(ids_ptr + slot)
+    lead = (slot // K < n) & (e >= 0) & (e < E)
+    earlier = (f < slot) & (f // K < n) & (ids == e)
+    lead = lead & (tl.sum(earlier.to(tl.int32)) == 0)
+    if lead:
+        rows = tl.arange(0, BM)
+        # this program's columns of H; down_proj[e] is [H, I]
+        cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
+        w_base = w_ptr + e.to(tl.int64) * (H * I)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, I, BK):
+            cols_k = k0 + tl.arange(0, BK)
+            h = tl.load(h_ptr + (slot * BM + rows[:, None]) * I + cols_k[None, :])  # [BM, BK]
+            w = tl.load(w_base + cols_n[:, None] * I + cols_k[None, :])  # [BN, BK]
+            if INTERPRET_BF16:
+                h, w = h.to(tl.float32), w.to(tl.float32)
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
+        # each (row, j) that chose e gets its own copy, so a row naming e twice is counted twice
+        for j in tl.static_range(K):
+            e_j = tl.load(ids_ptr + rows * K + j, mask=rows < T, other=-1)
+            chose = (rows < n) & (e_j == e)
+            tl.store(y_ptr + (rows[:, None] * K + j) * H + cols_n[None, :], acc, mask=chose[:, None])
+
+
+@triton.jit
+def moe_reduce_kernel(
+    y_ptr, ids_ptr, wt_ptr, num_tokens_ptr, out_ptr,
+    T, E, row_off, s_wt, s_wk, s_ot,
+    H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr,
+    INTERPRET_BF16: tl.constexpr,
+):
+    r = tl.program_id(0)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    n = T
+    if HAS_NUM_TOKENS:
+        n = tl.minimum(tl.load(num_tokens_ptr).to(tl.int32) - row_off, T)
+    acc = tl.zeros([BN], dtype=tl.float32)
+    for j in tl.static_range(K):
+        e = tl.load(ids_ptr + r * K + j)
+        ok = (r < n) & (e >= 0) & (e < E)
+        w = tl.load(wt_ptr + r * s_wt + j * s_wk).to(tl.float32)
+        # y's unwritten slots (and NaN weights past n) are dropped by where, not by a multiply
+        y = tl.load(y_ptr + (r * K + j) * H + cols)
+        acc += tl.where(ok, w * y, 0.0)
+    if INTERPRET_BF16:
+        acc = _round_bf16(acc)
+    tl.store(out_ptr + r * s_ot + cols, acc.to(out_ptr.dtype.element_ty))

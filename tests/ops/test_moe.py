@@ -1,0 +1,161 @@
+"""moe_experts kernels against the naive twin (hybridspec.ops.naive_moe) and transformers' eager experts."""
+
+import contextlib
+import math
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from hybridspec.ops import moe_experts, naive_moe
+from tests.helpers import assert_rel
+from tests.ops.conftest import expect_launch
+from tests.ops.moe_inputs import MoECase, make_inputs, moe_cases
+
+# bf16: the kernels and the twin round at the same points (SwiGLU output, result); what is left
+# is fp32 summation order flipping a rounding now and then
+OUT_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
+
+
+@contextlib.contextmanager
+def expect_pieces(T: int):
+    """Each 16-row piece launches the gate/up, down and reduce kernels once."""
+    pieces = math.ceil(T / 16)
+    with expect_launch("moe_gate_up", pieces), expect_launch("moe_down", pieces), expect_launch("moe_reduce", pieces):
+        yield
+
+
+def _run(case: MoECase, device: str):
+    hidden, ids, wts, gate_up, down, nt = make_inputs(case, device)
+    with expect_pieces(case.T):
+        out = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt)
+    return out, (hidden, ids, wts, gate_up, down, nt)
+
+
+def _check_past_rows_zero(out: torch.Tensor, n: int | None):
+    if n is not None:
+        assert torch.equal(out[n:], torch.zeros_like(out[n:])), "rows past num_tokens must be zero"
+
+
+@settings(max_examples=14)
+@given(case=moe_cases())
+@example(case=MoECase(T=16, K=8, E=16, H=64, I=32, dtype=torch.bfloat16, routing="random", n=13, seed=0))
+def test_matches_naive(device, case):
+    out, args = _run(case, device)
+    ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in args))
+    assert out.dtype == case.dtype and out.shape == (case.T, case.H)
+    assert_rel(out.cpu().float(), ref.float(), OUT_TOL[case.dtype], "out vs naive")
+    _check_past_rows_zero(out.cpu(), case.n)
+
+
+def _transformers_experts(gate_up: torch.Tensor, down: torch.Tensor):
+    from transformers import Qwen3_5MoeTextConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeExperts
+
+    E, I2, H = gate_up.shape
+    config = Qwen3_5MoeTextConfig(hidden_size=H, moe_intermediate_size=I2 // 2, num_experts=E, hidden_act="silu")
+    config._experts_implementation = "eager"
+    experts = Qwen3_5MoeExperts(config).to(device=gate_up.device, dtype=gate_up.dtype)
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(gate_up)
+        experts.down_proj.copy_(down)
+    return experts
+
+
+@settings(max_examples=8)
+@given(case=moe_cases(dtypes=(torch.float32,)))
+@example(case=MoECase(T=16, K=8, E=12, H=48, I=16, dtype=torch.float32, routing="random", n=None, seed=1))
+def test_matches_transformers_eager(device, case):
+    out, (hidden, ids, wts, gate_up, down, _) = _run(case, device)
+    n = case.T if case.n is None else case.n
+    _check_past_rows_zero(out, case.n)
+    if n == 0:
+        return
+    # eager takes no num_tokens (and chokes on garbage ids): give it the valid rows only
+    with torch.no_grad():
+        ref = _transformers_experts(gate_up, down)(hidden[:n], ids[:n], wts[:n])
+    assert_rel(out[:n], ref, 1e-5, "out vs transformers eager")
+
+
+@settings(max_examples=6)
+@given(case=moe_cases(with_num_tokens=False), data=st.data())
+def test_rows_past_num_tokens_touch_no_expert(device, case, data):
+    n = data.draw(st.integers(0, case.T - 1), label="num_tokens")
+    case = MoECase(**{**case.__dict__, "n": n})
+    hidden, ids, wts, gate_up, down, nt = make_inputs(case, device)
+    clean = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt)
+    # poison every expert that only rows past n name (in range): reading one would give NaN
+    used = ids[:n][(ids[:n] >= 0) & (ids[:n] < case.E)].unique()
+    idle = torch.ones(case.E, dtype=torch.bool, device=device)
+    idle[used] = False
+    gate_up, down = gate_up.clone(), down.clone()
+    gate_up[idle] = float("nan")
+    down[idle] = float("nan")
+    dirty = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt)
+    assert torch.isfinite(dirty).all()
+    assert torch.equal(clean, dirty)
+    _check_past_rows_zero(dirty, n)
+
+
+@pytest.mark.parametrize("T, K, n", [(21, 2, None), (37, 1, 30)])
+def test_more_than_16_rows_run_in_pieces(device, T, K, n):
+    case = MoECase(T=T, K=K, E=6, H=32, I=16, dtype=torch.float32, routing="random", n=n, seed=T)
+    out, args = _run(case, device)
+    ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in args))
+    assert_rel(out.cpu(), ref, 1e-5, "out vs naive")
+    _check_past_rows_zero(out.cpu(), n)
+
+
+def test_num_tokens_forms_and_determinism(device):
+    case = MoECase(T=5, K=2, E=4, H=32, I=16, dtype=torch.bfloat16, routing="repeat", n=3, seed=1)
+    hidden, ids, wts, gate_up, down, nt = make_inputs(case, device)
+    a = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt)
+    b = moe_experts(hidden, ids.int(), wts.float(), gate_up, down, num_tokens=nt.reshape(()).int())
+    assert torch.equal(a, b)
+    clean = tuple(x[:3] for x in (hidden, ids, wts))
+    assert torch.equal(a[:3], moe_experts(*clean, gate_up, down))
+
+
+def _small_args(device):
+    case = MoECase(T=3, K=2, E=4, H=32, I=16, dtype=torch.float32, routing="shared", n=2, seed=5)
+    return make_inputs(case, device)
+
+
+def test_opcheck(device):
+    hidden, ids, wts, gate_up, down, nt = _small_args(device)
+    torch.library.opcheck(torch.ops.hybridspec.moe_experts.default, (hidden, ids, wts, gate_up, down, nt))
+    hidden, ids, wts = (x[:2] for x in (hidden, ids, wts))
+    torch.library.opcheck(torch.ops.hybridspec.moe_experts.default, (hidden, ids, wts, gate_up, down, None))
+
+
+def test_fullgraph_compile(device):
+    hidden, ids, wts, gate_up, down, nt = _small_args(device)
+
+    def layer(hidden, ids, wts, gate_up, down, nt):
+        return moe_experts(hidden * 2, ids, wts, gate_up, down, num_tokens=nt) + 1
+
+    eager = layer(hidden, ids, wts, gate_up, down, nt)
+    compiled = torch.compile(layer, fullgraph=True)(hidden, ids, wts, gate_up, down, nt)
+    assert torch.equal(eager, compiled)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda a: {**a, "down_proj": a["down_proj"][:, :, :8]}, r"down_proj must be \[E, H, I\] = \[4, 32, 16\]"),
+        (lambda a: {**a, "topk_weights": a["topk_weights"][:, :1]}, r"topk_weights must be \[T, k\] = \[3, 2\]"),
+        (lambda a: {**a, "gate_up_proj": a["gate_up_proj"].double()}, "must have hidden's dtype"),
+        (lambda a: {**a, "topk_ids": a["topk_ids"].float()}, "topk_ids must be an integer tensor"),
+        (lambda a: {**a, "num_tokens": torch.tensor([1, 2])}, r"num_tokens must be an integer tensor of shape \[1\]"),
+        (lambda a: {**a, "hidden": a["hidden"][:, :24], "gate_up_proj": a["gate_up_proj"][..., :24],
+                    "down_proj": a["down_proj"][:, :24]}, "multiples of 16"),
+    ],
+)
+def test_wrapper_validates(change, match):
+    hidden, ids, wts, gate_up, down, nt = _small_args("cpu")
+    args = dict(hidden=hidden, topk_ids=ids, topk_weights=wts, gate_up_proj=gate_up, down_proj=down, num_tokens=nt)
+    args = change(args)
+    with pytest.raises(ValueError, match=match):
+        moe_experts(args.pop("hidden"), args.pop("topk_ids"), args.pop("topk_weights"),
+                    args.pop("gate_up_proj"), args.pop("down_proj"), **args)
