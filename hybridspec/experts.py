@@ -41,7 +41,7 @@ def _check_supported(experts: torch.nn.Module) -> None:
     if act not in ("silu", "swish"):
         unsupported.append(f"hidden_act={act!r}")
     if unsupported:
-        raise NotImplementedError(
+        raise ValueError(
             f'experts_implementation="{NAME}" supports SwiGLU experts with concatenated, untransposed '
             f"gate_up_proj [E, 2I, H] and down_proj [E, H, I]; {type(experts).__name__} has "
             + ", ".join(unsupported)

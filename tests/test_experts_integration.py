@@ -66,5 +66,5 @@ def test_switch_on_loaded_model_and_reject_other_layouts(tmp_path):
     model.set_experts_implementation("hybridspec")
     experts = model.model.layers[0].mlp.experts
     experts.has_bias = True
-    with pytest.raises(NotImplementedError, match="has_bias=True"):
+    with pytest.raises(ValueError, match="has_bias=True"):
         experts(torch.randn(2, 64), torch.tensor([[0, 1, 2], [3, 4, 5]]), torch.rand(2, 3))

@@ -31,8 +31,20 @@ class GDNFactors(NamedTuple):
     g_cum: torch.Tensor
 
 
-def _block_v(V: int) -> int:
-    return min(V, 32)
+# Launch configuration of the kernels (value-column tile width, warps); benchmarks sweep these.
+VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4}
+COMMIT_CONFIG = {"BV": 32, "num_warps": 4}
+# fp32 dots on the GPU: "ieee" lowers to FMA loops that spill heavily at K = 128; 3xTF32 runs on
+# tensor cores with ~1e-6 relative error. The interpreter computes every dot in plain fp32.
+GPU_DOT_PRECISION = "tf32x3"
+
+
+def _precision(t: torch.Tensor) -> str:
+    return GPU_DOT_PRECISION if t.is_cuda else "ieee"
+
+
+def _block_v(V: int, config: dict) -> int:
+    return min(V, config["BV"])
 
 
 @torch.library.custom_op(
@@ -58,7 +70,7 @@ def _gdn_verify_op(
     if use_triton(q):
         from hybridspec.ops.gdn_verify import gdn_verify_kernel
 
-        BV = _block_v(V)
+        BV = _block_v(V, VERIFY_CONFIG)
         gdn_verify_kernel[(V // BV, B * HV)](
             q, k, v, g, beta, state, num_tokens if num_tokens is not None else q,
             o, z_out, k_out, g_out,
@@ -68,9 +80,9 @@ def _gdn_verify_op(
             v.stride(0), v.stride(1), v.stride(2),
             g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1),
-            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV,
-            HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm,
-            num_warps=4,
+            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, BK=min(K, VERIFY_CONFIG["BK"]),
+            HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm, PRECISION=_precision(q),
+            num_warps=VERIFY_CONFIG["num_warps"],
         )
         count_launch("gdn_verify")
         return o
@@ -103,13 +115,13 @@ def _gdn_commit_op(
     if use_triton(states):
         from hybridspec.ops.gdn_commit import gdn_commit_kernel
 
-        BV = _block_v(V)
+        BV = _block_v(V, COMMIT_CONFIG)
         gdn_commit_kernel[(V // BV, L * B * HV)](
             states, z, k, g_cum, num_commit,
             B, T,
             z.stride(0), k.stride(0), g_cum.stride(0),
-            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV,
-            num_warps=4,
+            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, PRECISION=_precision(states),
+            num_warps=COMMIT_CONFIG["num_warps"],
         )
         count_launch("gdn_commit")
         return

@@ -18,7 +18,7 @@ def gdn_commit_kernel(
     B, T,
     szl, skl, sgl,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_lbh = tl.program_id(1)
@@ -46,5 +46,5 @@ def gdn_commit_kernel(
 
     s_ptrs = state_ptr + i_lbh * K * V + cols_k[:, None] * V + cols_v[None, :]
     S = tl.load(s_ptrs)
-    S = tl.exp(G_m) * S + tl.dot(tl.trans(kw), z, input_precision="ieee")
+    S = tl.exp(G_m) * S + tl.dot(tl.trans(kw), z, input_precision=PRECISION)
     tl.store(s_ptrs, S)

@@ -24,19 +24,21 @@ _FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 class MoEKernelConfig:
     """Tile sizes and launch options; `benchmarks/bench_moe.py --sweep` tries other values.
 
+    The defaults are the sweep's best on an H200 at the 35B-A3B shape (docs/benchmarks.md).
+
     Each block size is an upper bound: the launch uses the largest power of two <= it that divides
     the dimension it tiles (H and I are multiples of 16), so weight loads are never masked.
     """
 
     # I columns per gate/up program: narrow tiles put more programs in flight at small U
-    gate_up_block_i: int = 32
+    gate_up_block_i: int = 64
     # H chunk per loop step of gate/up
-    gate_up_block_h: int = 128
+    gate_up_block_h: int = 256
     gate_up_warps: int = 4
     # H columns per down program, and I chunk per loop step of down
     down_block_h: int = 64
     down_block_i: int = 128
-    down_warps: int = 4
+    down_warps: int = 2
     # software-pipelined weight loads in flight per program (both weight kernels)
     num_stages: int = 3
     reduce_block_h: int = 1024
