@@ -37,15 +37,10 @@ def _round_bf16(x):
 
 
 @triton.jit
-def moe_gate_up_kernel(
-    x_ptr, ids_ptr, num_tokens_ptr, w_ptr, h_ptr,
-    T, E, row_off, s_xt,
-    H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
-    BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    HAS_NUM_TOKENS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-):
-    slot = tl.program_id(0)
-    i_n = tl.program_id(1)
+def _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off,
+                 K: tl.constexpr, SP: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr):
+    """Valid rows `n` of this piece, the expert `e` of assignment `slot`, and whether `slot` is the
+    first valid assignment to choose `e` (the one program per expert that does its work)."""
     n = T
     if HAS_NUM_TOKENS:
         n = tl.minimum(tl.load(num_tokens_ptr).to(tl.int32) - row_off, T)
@@ -56,6 +51,20 @@ def moe_gate_up_kernel(
     lead = (slot // K < n) & (e >= 0) & (e < E)
     earlier = (f < slot) & (f // K < n) & (ids == e)
     lead = lead & (tl.sum(earlier.to(tl.int32)) == 0)
+    return n, e, lead
+
+
+@triton.jit
+def moe_gate_up_kernel(
+    x_ptr, ids_ptr, num_tokens_ptr, w_ptr, h_ptr,
+    T, E, row_off, s_xt,
+    H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
+    BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    HAS_NUM_TOKENS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    i_n = tl.program_id(1)
+    n, e, lead = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS)
     if lead:
         rows = tl.arange(0, BM)
         cols = tl.arange(0, KP)
@@ -96,16 +105,7 @@ def moe_down_kernel(
 ):
     slot = tl.program_id(0)
     i_n = tl.program_id(1)
-    n = T
-    if HAS_NUM_TOKENS:
-        n = tl.minimum(tl.load(num_tokens_ptr).to(tl.int32) - row_off, T)
-    # ids [T, K] contiguous, read flat; rows past n may hold garbage ids and never select
-    f = tl.arange(0, SP)
-    ids = tl.load(ids_ptr + f, mask=f < T * K, other=-1)
-    e = tl.load(ids_ptr + slot)
-    lead = (slot // K < n) & (e >= 0) & (e < E)
-    earlier = (f < slot) & (f // K < n) & (ids == e)
-    lead = lead & (tl.sum(earlier.to(tl.int32)) == 0)
+    n, e, lead = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS)
     if lead:
         rows = tl.arange(0, BM)
         # this program's columns of H; down_proj[e] is [H, I]
