@@ -1,0 +1,26 @@
+"""Per-family patches behind a small registry: `family_of(model)` returns the family module.
+
+A family module exposes `MODEL_TYPES`, `text_model(model)`, `text_config(model)`,
+`rope(model, hidden, positions)`, `apply_rope(q, k, cos, sin)` and
+`gdn_verify_layer(module, x, state, gdn_index)`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from hybridspec.patches import qwen3_5_moe
+
+FAMILIES: tuple[ModuleType, ...] = (qwen3_5_moe,)
+
+
+def supported_types() -> list[str]:
+    return [name for family in FAMILIES for name in family.MODEL_TYPES]
+
+
+def family_of(model) -> ModuleType:
+    name = type(model).__name__
+    for family in FAMILIES:
+        if name in family.MODEL_TYPES:
+            return family
+    raise TypeError(f"hybridspec supports {', '.join(supported_types())}; got {name}")

@@ -1,0 +1,62 @@
+"""The verification forward shared by the hybrid families: transformers' own modules for
+embedding, norms, MoE and LM head; our GDN ops, conv-window and KV-buffer handling in between."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from hybridspec.ops import GDNFactors, gdn_verify
+from hybridspec.state import HybridState
+
+
+def conv_verify(mod, mixed: torch.Tensor, state: HybridState, gi: int) -> torch.Tensor:
+    """Causal depthwise conv of the round's pre-conv inputs `[B, C, w]` after the layer's window,
+    as transformers' single-step update does it; the inputs are kept for the commit."""
+    w = mixed.shape[-1]
+    state.conv_inputs[gi, :, :, :w] = mixed
+    full = torch.cat([state.conv_windows[gi], mixed], dim=-1).to(mod.conv1d.weight.dtype)
+    out = F.conv1d(full, mod.conv1d.weight, mod.conv1d.bias, padding=0, groups=full.shape[1])[..., -w:]
+    return ACT2FN[mod.activation](out).to(mixed.dtype)
+
+
+def gdn_core(mod, q, k, v, g, beta, z, state: HybridState, gi: int) -> torch.Tensor:
+    """GDN verify of one layer into the round's factor buffers, then the gated norm and out_proj."""
+    B, w = q.shape[:2]
+    factors = GDNFactors(*(f[gi, :, :w] for f in state.factors))
+    o, _ = gdn_verify(q, k, v, g, beta, state.gdn_states[gi], factors_out=factors)
+    o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
+    return mod.out_proj(o.reshape(B, w, -1))
+
+
+def attention_verify(mod, x: torch.Tensor, cos_sin, state: HybridState, ai: int, apply_rope) -> torch.Tensor:
+    """Gated attention of w new tokens against the KV buffer: write w rows at `state.length`."""
+    B, w, _ = x.shape
+    hidden_shape = (B, w, -1, mod.head_dim)
+    q, gate = torch.chunk(mod.q_proj(x).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
+    gate = gate.reshape(B, w, -1)
+    q = mod.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
+    k = mod.k_norm(mod.k_proj(x).view(hidden_shape)).transpose(1, 2)
+    v = mod.v_proj(x).view(hidden_shape).transpose(1, 2)
+    q, k = apply_rope(q, k, *cos_sin)
+    start = state.length
+    state.keys[ai][:, :, start : start + w] = k
+    state.values[ai][:, :, start : start + w] = v
+    keys = state.keys[ai][:, :, : start + w]
+    values = state.values[ai][:, :, : start + w]
+    # query i sits at position start + i and sees keys 0..start + i
+    allowed = torch.arange(start + w, device=x.device)[None, :] <= (start + torch.arange(w, device=x.device))[:, None]
+    impl = mod.config._attn_implementation
+    if impl == "eager" or impl is None:
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=x.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
+    else:
+        mask = allowed
+    mask = mask[None, None].expand(B, 1, w, start + w)
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import eager_attention_forward
+
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
+    out, _ = attend(mod, q, keys, values, mask, dropout=0.0, scaling=mod.scaling)
+    out = out.reshape(B, w, -1) * torch.sigmoid(gate)
+    return mod.o_proj(out)
