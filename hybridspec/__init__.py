@@ -1,3 +1,6 @@
 """hybridspec: exact, fast speculative decoding for hybrid Gated-DeltaNet + MoE models."""
 
+from hybridspec.api import disable, enable
+
 __version__ = "0.1.0.dev0"
+__all__ = ["disable", "enable"]

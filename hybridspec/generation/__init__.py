@@ -1,0 +1,1 @@
+"""Speculative decoding through transformers' `generate` entry (DESIGN.md section 2)."""
