@@ -1,0 +1,42 @@
+"""Tiny random targets for CPU tests: 3 GDN : 1 attention layers, GVA 2:1, several experts, top-k 2."""
+
+from __future__ import annotations
+
+import tempfile
+
+import torch
+from transformers import (
+    AutoModelForImageTextToText,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3_5MoeTextConfig,
+)
+
+VOCAB = 128
+
+TEXT = dict(
+    vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+)
+
+
+def qwen35_causal_lm(seed: int = 0) -> Qwen3_5MoeForCausalLM:
+    torch.manual_seed(seed)
+    return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**TEXT)).eval()
+
+
+def qwen35_checkpoint_layout(seed: int = 0) -> Qwen3_5MoeForConditionalGeneration:
+    """The layout of the real checkpoints, saved and loaded back through `from_pretrained`."""
+    torch.manual_seed(seed)
+    config = Qwen3_5MoeConfig(
+        text_config=TEXT,
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64),
+    )
+    model = Qwen3_5MoeForConditionalGeneration(config)
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        return AutoModelForImageTextToText.from_pretrained(d, dtype=torch.float32).eval()
