@@ -40,3 +40,12 @@ def qwen35_checkpoint_layout(seed: int = 0) -> Qwen3_5MoeForConditionalGeneratio
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d)
         return AutoModelForImageTextToText.from_pretrained(d, dtype=torch.float32).eval()
+
+
+def qwen3_next_causal_lm(seed: int = 0):
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3NextConfig(**{k: v for k, v in TEXT.items() if k != "shared_expert_intermediate_size"},
+                             shared_expert_intermediate_size=32, intermediate_size=64)
+    return Qwen3NextForCausalLM(config).eval()

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from hybridspec.patches import qwen3_5_moe
+from hybridspec.patches import qwen3_5_moe, qwen3_next
 
-FAMILIES: tuple[ModuleType, ...] = (qwen3_5_moe,)
+FAMILIES: tuple[ModuleType, ...] = (qwen3_5_moe, qwen3_next)
 
 
 def supported_types() -> list[str]:

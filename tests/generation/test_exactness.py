@@ -14,16 +14,20 @@ import hybridspec
 from hybridspec.generation.drafting import ScriptedReplayDrafter
 from hybridspec.state import HybridState
 from tests.helpers import rel_err
-from tests.models import VOCAB, qwen35_causal_lm, qwen35_checkpoint_layout
+from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm, qwen35_checkpoint_layout
 
 MAX_NEW = 40
 MARGIN = 1e-5
 near_ties: list[str] = []
 
 
-@pytest.fixture(scope="module", params=["causal_lm", "checkpoint_layout"])
+BUILDERS = {"qwen35_causal_lm": qwen35_causal_lm, "qwen35_checkpoint_layout": qwen35_checkpoint_layout,
+            "qwen3_next": qwen3_next_causal_lm}
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
 def model(request):
-    m = qwen35_causal_lm(1) if request.param == "causal_lm" else qwen35_checkpoint_layout(2)
+    m = BUILDERS[request.param](seed=len(request.param))
     yield m
     hybridspec.disable(m)
 
@@ -49,7 +53,8 @@ def assert_same_or_near_tie(ref, got, case):
     near_ties.append(f"{case}: margin {margin:.2e}")
 
 
-@settings(max_examples=60)
+# 3 families x 40 = 120 cases
+@settings(max_examples=40)
 @given(
     prompt_len=st.integers(1, 20),
     max_new=st.integers(1, MAX_NEW),
