@@ -1,0 +1,7 @@
+"""Drafters: the DFlash model and the protocol generation drives (`protocol.py`)."""
+
+from hybridspec.drafter.config import DFlashConfig
+from hybridspec.drafter.dflash import DFlashDrafter
+from hybridspec.drafter.protocol import DraftBlock, Drafter
+
+__all__ = ["DFlashConfig", "DFlashDrafter", "DraftBlock", "Drafter"]

@@ -1,0 +1,67 @@
+"""`ContextCache`: the drafter's per-layer context keys/values, indexed by target position.
+
+Row p of a batch row holds the keys/values of that row's target position p. Writes land at each
+row's device-resident length L ("write w rows at L..L+w-1, advance L by m <= w"), so no shape
+depends on a length and nothing reads one on the host. A host-side bound on the lengths (exact
+while lengths advance by Python ints, conservative under device tensors) decides when the cache
+must grow; a cache sized with `max_length` never grows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# rows allocated when the caller names no maximum length; the cache doubles when it fills
+MIN_ROWS = 64
+
+
+class ContextCache:
+    def __init__(self, num_layers, batch_size, num_kv_heads, head_dim, rows, dtype, device):
+        shape = (num_layers, batch_size, num_kv_heads, rows, head_dim)
+        # zeros, not empty: masked rows still enter the attention product, and 0 * NaN is NaN
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, KVH, rows, d]
+        self.v = torch.zeros_like(self.k)
+        self.length = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        self.limit: int | None = None
+        self.bound = 0
+
+    @property
+    def rows(self) -> int:
+        return self.k.shape[3]
+
+    def fits(self, batch_size, rows, dtype, device) -> bool:
+        return self.k.shape[1] == batch_size and self.rows >= rows and self.k.dtype == dtype and self.k.device == device
+
+    def clear(self, limit: int | None) -> None:
+        self.length.zero_()
+        self.limit, self.bound = limit, 0
+
+    def reserve(self, n: int) -> None:
+        """Make rows up to every length + n exist."""
+        need = self.bound + n
+        if need <= self.rows:
+            return
+        k, v = (x.new_zeros(*x.shape[:3], max(need, 2 * self.rows), x.shape[4]) for x in (self.k, self.v))
+        k[:, :, :, : self.rows] = self.k
+        v[:, :, :, : self.rows] = self.v
+        self.k, self.v = k, v
+
+    def positions(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target positions L..L+n-1 of every row `[B, n]`, and the matching scatter index into one
+        layer's cache `[B, KVH, n, d]`."""
+        pos = self.length[:, None] + torch.arange(n, device=self.length.device)
+        return pos, pos[:, None, :, None].expand(-1, self.k.shape[2], -1, self.k.shape[4])
+
+    def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+
+    def advance(self, written: int, num_commit: torch.Tensor | int) -> None:
+        if isinstance(num_commit, torch.Tensor):
+            self.length += num_commit.to(self.length.device, torch.long)
+            self.bound += written
+        else:
+            self.length += num_commit
+            self.bound += num_commit
+        if self.limit is not None:
+            self.bound = min(self.bound, self.limit)
