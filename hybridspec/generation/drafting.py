@@ -1,41 +1,12 @@
-"""The drafter protocol the decoding loop uses, and the replay drafter of tests and benchmarks."""
+"""A scripted replay drafter: the target's own continuation with mistakes placed by a schedule."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence
+from typing import Sequence
 
 import torch
 
-
-class DraftBlock(NamedTuple):
-    """D draft tokens after the anchor, each with its top-1 probability and entropy: `[B, D]`."""
-
-    tokens: torch.Tensor
-    confidence: torch.Tensor
-    entropy: torch.Tensor
-
-
-class Drafter(Protocol):
-    """What `generate(..., hybridspec=True)` needs from `assistant_model`.
-
-    `target_layer_ids`: target layers whose outputs the drafter reads (may be empty).
-    `bind(model)`: check the pair and take what the drafter shares with the target.
-    `start(input_ids, features)`: the prompt `[B, P]` and its tap features `[B, P, F]`.
-    `propose(sequence)`: a block after the last token of `sequence` (`[B, n]`, the anchor last).
-    `observe(features, num_commit)`: the tap features `[B, w, F]` of the w verified tokens, of which
-    the first `num_commit` are now committed ("write w, advance m").
-    """
-
-    block_size: int
-    target_layer_ids: Sequence[int]
-
-    def bind(self, model) -> None: ...
-
-    def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None: ...
-
-    def propose(self, sequence: torch.Tensor) -> DraftBlock: ...
-
-    def observe(self, features: torch.Tensor, num_commit: int) -> None: ...
+from hybridspec.drafter.protocol import DraftBlock
 
 
 class ScriptedReplayDrafter:

@@ -51,7 +51,8 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
     opts = hybridspec_options
     drafter, streamer = opts.drafter, opts.streamer
     family = family_of(model)
-    taps = tuple(sorted(drafter.target_layer_ids))
+    # the drafter reads its taps concatenated in its own order
+    taps = tuple(drafter.target_layer_ids)
     want_scores, want_logits = generation_config.output_scores, generation_config.output_logits
     scores, raw_logits = [], []
     stats = HybridSpecStats()

@@ -49,7 +49,7 @@ def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, t
     """Run w <= 16 tokens after the committed prefix; nothing is committed.
 
     Returns the final-norm hidden states `[B, w, H]` and the tap features `[B, w, len(taps) * H]`
-    (tap i = output of layer i, i.e. transformers' `hidden_states[i + 1]`).
+    (tap i = output of layer i, i.e. transformers' `hidden_states[i + 1]`), in the order of `taps`.
     """
     B, w = input_ids.shape
     if not 1 <= w <= MAX_VERIFY:
@@ -58,7 +58,7 @@ def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, t
     h = text.embed_tokens(input_ids)
     positions = state.length + torch.arange(w, device=h.device)[None].expand(B, w)
     cos_sin = family.rope(model, h, positions)
-    tapped = []
+    tapped = {}
     gdn_idx = {layer: n for n, layer in enumerate(state.gdn_layers)}
     attn_idx = {layer: n for n, layer in enumerate(state.attn_layers)}
     for i, layer in enumerate(text.layers):
@@ -71,7 +71,7 @@ def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, t
         out = layer.mlp(layer.post_attention_layernorm(h))
         h = h + (out[0] if isinstance(out, tuple) else out)
         if i in taps:
-            tapped.append(h)
+            tapped[i] = h
     state.written = w
-    features = torch.cat(tapped, dim=-1) if tapped else h[..., :0]
+    features = torch.cat([tapped[i] for i in taps], dim=-1) if taps else h[..., :0]
     return text.norm(h), features

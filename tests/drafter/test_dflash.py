@@ -10,17 +10,10 @@ from transformers import Qwen3Config
 from hybridspec import DFlashDrafter
 from hybridspec.drafter import DFlashConfig, Drafter
 from tests.helpers import assert_rel
-from tests.models import TEXT, VOCAB, qwen35_causal_lm
+from tests.models import BASE, TEXT, TAPS, VOCAB, config, qwen35_causal_lm, random_drafter
 
 TOL = 1e-5
 HIDDEN = TEXT["hidden_size"]
-TAPS = [0, 2, 3]
-BASE = dict(
-    vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
-    num_target_layers=TEXT["num_hidden_layers"], block_size=16,
-    dflash_config={"target_layer_ids": TAPS, "mask_token_id": VOCAB - 3},
-)
 SLIDING = dict(layer_types=["full_attention", "sliding_attention"], use_sliding_window=True, sliding_window=5)
 VARIANTS = {
     "default": {},
@@ -39,28 +32,6 @@ def reference():
     except ImportError:
         pytest.fail("the reference implementation is missing: pip install --no-deps dflash==0.1.0")
     return dflash.model
-
-
-def config(**overrides) -> dict:
-    raw = json.loads(json.dumps(BASE))
-    raw.update(overrides)
-    return raw
-
-
-def random_drafter(raw: dict, seed: int = 0) -> DFlashDrafter:
-    """Weights far from their initialisation, so that drafts differ from position to position:
-    sharp attention (large q/k norm gains) and, through the target's small random LM head, peaked
-    draft distributions (large final norm gain)."""
-    torch.manual_seed(seed)
-    drafter = DFlashDrafter(DFlashConfig.from_dict(raw))
-    gain = {"q_norm": 4.0, "k_norm": 4.0, "norm": 30.0}
-    with torch.no_grad():
-        for name, p in drafter.named_parameters():
-            if p.dim() > 1 or name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.3)
-            else:
-                p.copy_((torch.rand_like(p) + 0.5) * gain.get(name.split(".")[-2], 1.0))
-    return drafter.eval()
 
 
 def taps(hidden_states, layer_ids):

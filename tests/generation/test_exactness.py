@@ -14,7 +14,8 @@ import hybridspec
 from hybridspec.generation.drafting import ScriptedReplayDrafter
 from hybridspec.state import HybridState
 from tests.helpers import rel_err
-from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm, qwen35_checkpoint_layout
+from hybridspec import DFlashDrafter
+from tests.models import VOCAB, config, qwen3_next_causal_lm, qwen35_causal_lm, qwen35_checkpoint_layout, random_drafter
 
 MAX_NEW = 40
 MARGIN = 1e-5
@@ -118,3 +119,20 @@ def test_near_ties_are_reported():
     # mismatches are allowed only at near-ties of the reference; list them so they are seen
     print(f"near-tie mismatches: {len(near_ties)}", *near_ties, sep="\n  ")
     assert len(near_ties) <= 3, near_ties
+
+
+@settings(max_examples=6)
+@given(prompt_len=st.integers(1, 16), max_new=st.integers(1, MAX_NEW), block=st.sampled_from([4, 8, 16]),
+       verify_length=st.sampled_from([None, 2, 4]), seed=st.integers(0, 2**16))
+def test_dflash_drafter_saved_and_reloaded(model, tmp_path_factory, prompt_len, max_new, block, verify_length, seed):
+    # taps out of order: features must follow the drafter's own order
+    raw = config(block_size=block, dflash_config={"target_layer_ids": [3, 0], "mask_token_id": VOCAB - 3})
+    path = tmp_path_factory.mktemp("drafter")
+    random_drafter(raw, seed).save_pretrained(path)
+    drafter = DFlashDrafter.from_pretrained(path, dtype=torch.float32)
+    prompt = torch.randint(0, VOCAB, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    ref = reference(model, prompt, max_new, None)
+    w = None if verify_length is None else min(verify_length, block)
+    got = model.generate(prompt, max_new_tokens=max_new, do_sample=False, eos_token_id=None,
+                         assistant_model=drafter, hybridspec=True, verify_length=w)
+    assert_same_or_near_tie(ref, got, f"dflash block {block}, prompt {prompt_len}, max_new {max_new}")
