@@ -17,6 +17,7 @@ from transformers.generation import logits_process
 from hybridspec.generation.loop import hybridspec_decode
 from hybridspec.generation.options import POLICIES, HybridSpecOptions
 from hybridspec.patches import family_of
+from hybridspec.policy import default_policy
 
 _ORIGINAL = "_hybridspec_original_generate"
 # processors that run a model or keep state across calls cannot be replayed per verified position
@@ -65,21 +66,21 @@ def _generate(model, *args, hybridspec: bool = False, verify_length: int | None 
     policy = policy or "hybridspec"
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    length_policy = None
     if verify_length is None:
-        # the length policy and its calibration arrive with issue 4; until then "hybridspec" verifies
-        # the whole block (vanilla DFlash), which is exact but not yet adaptive
         if policy != "hybridspec":
-            raise ValueError(f"policy={policy!r} needs the calibrated length policy (issue 4); pass verify_length=w")
+            raise ValueError(f"policy={policy!r} arrives with the calibrated length policy (issue 4); "
+                             "use policy='hybridspec' or pass verify_length=w")
         if calibration is not None:
-            raise ValueError("calibration artifacts arrive with the length policy (issue 4)")
-        verify_length = drafter.block_size
-    if not 1 <= verify_length <= min(drafter.block_size, 16):
-        raise ValueError(f"verify_length must be in 1..{min(drafter.block_size, 16)} (the drafter's block size), "
+            raise ValueError("calibration artifacts arrive with `hybridspec calibrate` (issue 4)")
+        length_policy = default_policy(min(drafter.block_size, 16))
+    elif not 2 <= verify_length <= min(drafter.block_size, 16):
+        raise ValueError(f"verify_length must be in 2..{min(drafter.block_size, 16)} (the drafter's block size), "
                          f"got {verify_length}")
     _check_request(model, args, kwargs)
     drafter.bind(model)
     streamer = kwargs.get("streamer")
-    options = HybridSpecOptions(drafter=drafter, verify_length=verify_length, policy=policy,
+    options = HybridSpecOptions(drafter=drafter, verify_length=verify_length, policy=length_policy,
                                 streamer=streamer, cache_kwarg=_cache_kwarg(model))
     return GenerationMixin.generate(model, *args, custom_generate=hybridspec_decode,
                                     hybridspec_options=options, **kwargs)

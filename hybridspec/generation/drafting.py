@@ -47,7 +47,8 @@ class ScriptedReplayDrafter:
             # a token different from the truth at every position past the scripted prefix
             tokens[i] = (truth[i] + 1 + i) % self.vocab_size
         t = torch.tensor([tokens], device=sequence.device)
-        conf = torch.full(t.shape, 0.5, device=sequence.device)
+        # confident where right, doubtful where wrong, so adaptive lengths vary with the script
+        conf = torch.tensor([[0.9] * right + [0.3] * (D - right)], device=sequence.device)
         return DraftBlock(t, conf, torch.ones_like(conf))
 
     def observe(self, features, num_commit) -> None:

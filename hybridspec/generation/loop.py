@@ -81,8 +81,12 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
     lm_head = model.get_output_embeddings()
     while not done:
         remaining = max_len - seq.shape[1]
-        w = max(1, min(opts.verify_length, remaining))
         block = drafter.propose(seq)
+        if opts.verify_length is None:
+            # the eager loop slices by w, so it reads w0 on the host (the CUDA-graph runner does not)
+            w = int(opts.policy.select(block.confidence, remaining)[0])
+        else:
+            w = max(1, min(opts.verify_length, remaining))
         draft = block.tokens[:, : w - 1]
         hidden, feats = verify_forward(family, model, torch.cat([anchor, draft], dim=-1), state, taps)
         logits = lm_head(hidden).float()  # [B, w, V]

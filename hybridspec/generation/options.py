@@ -11,7 +11,7 @@ POLICIES = ("hybridspec", "nominal", "no_two_stage", "static", "dcut", "evict")
 @dataclass
 class HybridSpecOptions:
     drafter: Any
-    verify_length: int
-    policy: str
+    verify_length: int | None
+    policy: Any
     streamer: Any
     cache_kwarg: str

@@ -52,8 +52,9 @@ def test_unsupported_model_names_supported_types():
         (dict(num_beams=2), "num_beams=2"),
         (dict(output_attentions=True), "output_attentions=True"),
         (dict(policy="nope"), "policy must be one of"),
-        (dict(policy="static"), "needs the calibrated length policy"),
-        (dict(verify_length=17), r"verify_length must be in 1..16"),
+        (dict(policy="static"), "arrives with the calibrated length policy"),
+        (dict(verify_length=17), r"verify_length must be in 2..16"),
+        (dict(verify_length=1), r"verify_length must be in 2..16"),
         (dict(guidance_scale=2.0), "guidance_scale"),
     ],
 )
