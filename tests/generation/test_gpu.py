@@ -1,0 +1,26 @@
+"""On CUDA the kernels (Triton GDN verify/commit, the MoE experts op) carry the same exactness."""
+
+import pytest
+import torch
+
+import hybridspec
+import hybridspec.experts
+from hybridspec.generation.drafting import ScriptedReplayDrafter
+from hybridspec.tiny import tiny_drafter
+from tests.models import qwen3_next_causal_lm, qwen35_causal_lm
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
+@pytest.mark.parametrize("experts", ["eager", "hybridspec"])
+def test_cuda_generation_equals_target_only(build, experts):
+    hybridspec.experts.register()
+    model = build(seed=4).cuda()
+    prompt = torch.arange(3, 14, device="cuda")[None]
+    ref = model.generate(prompt, max_new_tokens=48, do_sample=False, eos_token_id=None)
+    model.set_experts_implementation(experts)
+    hybridspec.enable(model)
+    for drafter, w in ((ScriptedReplayDrafter(11, ref[0, 11:], [0, 7, 15, 3]), 16), (tiny_drafter().cuda(), None)):
+        got = model.generate(prompt, max_new_tokens=48, do_sample=False, eos_token_id=None, assistant_model=drafter,
+                             hybridspec=True, verify_length=w)
+        assert torch.equal(got, ref)
