@@ -84,3 +84,18 @@ def random_drafter(raw: dict, seed: int = 0) -> DFlashDrafter:
     return drafter.eval()
 
 
+def tiny_tokenizer():
+    """A word-level tokenizer over the tiny vocab: id 0 `<pad>`, 1 `<eos>`, id i >= 2 the word `w{i}`.
+    Words carry their leading space (byte-level `Ġ`), so decoding new tokens alone, as the
+    text-generation pipeline does, keeps the space before them. Adds no BOS. An unknown word raises
+    (no unk token), and decoding with `skip_special_tokens` drops ids 0 and 1."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"Ġw{i}": i for i in range(2, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")

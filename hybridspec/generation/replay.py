@@ -1,0 +1,112 @@
+"""`ReplayDrafter`: simulated acceptance on top of a real drafter's cost (DESIGN.md section 5).
+
+Its tokens are the target's own greedy continuation with mistakes drawn from the acceptance model
+that issue 3 fixes (so that no one tunes it); its cost, shapes and device traffic are those of the
+wrapped real drafter, whose `start`/`propose`/`observe` run every round. Figures obtained with it
+are *simulated acceptance* and must be labelled so.
+
+Acceptance model, per round and batch row:
+    c ~ Beta(5, 2);  x_i ~ Bernoulli(c) independently (draft i correct);
+    confidence_i = sigmoid(logit(c) + 1.5 (2 x_i - 1) + e_i),  e_i ~ N(0, 1);
+    entropy_i = entropy of (confidence_i, and 1 - confidence_i spread evenly over 63 other tokens).
+With D = 15 and w = 16, E[A + 1] = sum_{k=0..15} E[c^k] = 30 (1/5 - 1/21) = 4.57.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from hybridspec.drafter.protocol import DraftBlock
+
+BETA_A, BETA_B = 5, 2
+CONFIDENCE_SHIFT = 1.5
+OTHER_TOKENS = 63
+
+
+class ReplayRound(NamedTuple):
+    """One round's simulated drafts, `[B, D]` each; `correct` is the model's x_i."""
+
+    tokens: torch.Tensor
+    confidence: torch.Tensor
+    entropy: torch.Tensor
+    correct: torch.Tensor
+
+
+def replay_round(generator: torch.Generator, truth: torch.Tensor, known: torch.Tensor, vocab_size: int) -> ReplayRound:
+    """Draw one round of the acceptance model on the CPU. `truth` int64 `[B, D]`: the target's
+    greedy tokens at d_1..d_D; `known` bool `[B, D]`: where `truth` is known (past the end of the
+    continuation a draft is marked wrong and its token is arbitrary). Always draws the same
+    amounts in the same order, so a seed fixes the whole sequence of rounds whatever `known` is."""
+    B, D = truth.shape
+    # Beta(5, 2) is the 5th smallest of 6 uniforms (order statistic), which a torch.Generator can
+    # draw directly (torch.distributions.Beta takes no generator)
+    c = torch.rand(B, BETA_A + BETA_B - 1, generator=generator).sort(-1).values[:, BETA_A - 1 : BETA_A]
+    correct = (torch.rand(B, D, generator=generator) < c) & known
+    noise = torch.randn(B, D, generator=generator)
+    # a wrong token is the truth shifted by 1..V-1, so it never equals the truth
+    shift = torch.randint(1, vocab_size, (B, D), generator=generator)
+    tokens = torch.where(correct, truth, (truth + shift) % vocab_size)
+    confidence = torch.sigmoid(torch.logit(c) + CONFIDENCE_SHIFT * (2 * correct.float() - 1) + noise)
+    entropy = torch.special.entr(confidence) + OTHER_TOKENS * torch.special.entr((1 - confidence) / OTHER_TOKENS)
+    return ReplayRound(tokens, confidence, entropy, correct)
+
+
+class ReplayDrafter:
+    """A Drafter (`hybridspec.drafter.protocol`) that runs `drafter` (e.g. a `DFlashDrafter`) every
+    round for its cost and replaces its tokens, confidences and entropies by `replay_round`'s.
+
+    `continuation`: the target's greedy tokens after the prompt, `[n]` or `[B, n]`; to reuse one
+    ReplayDrafter across prompts assign `.continuation` before each call (the generator keeps
+    running, so rounds stay independent across prompts). `seed` seeds the generator once; use
+    different seeds for calibration and for evaluation, so a policy is never scored on the very
+    draws it was calibrated on.
+    """
+
+    def __init__(self, drafter, continuation: torch.Tensor, seed: int = 0, vocab_size: int | None = None):
+        self.drafter = drafter
+        self.continuation = continuation
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.prompt_len = 0
+        self._truth = torch.zeros(1, 0, dtype=torch.long)
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.block_size
+
+    @property
+    def target_layer_ids(self):
+        return self.drafter.target_layer_ids
+
+    def bind(self, target: torch.nn.Module) -> "ReplayDrafter":
+        self.drafter.bind(target)
+        if self.vocab_size is None:
+            self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        return self
+
+    def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
+        self.prompt_len = input_ids.shape[1]
+        # one host copy per call, so that rounds never copy the continuation back from the device
+        self._truth = self.continuation.reshape(-1, self.continuation.shape[-1]).to("cpu", torch.long)
+        self.drafter.start(input_ids, features)
+
+    def propose(self, sequence: torch.Tensor) -> DraftBlock:
+        real = self.drafter.propose(sequence)
+        B, D = real.tokens.shape
+        # the anchor is continuation[done - 1]; drafts d_1..d_D are the next D tokens. `done` is a
+        # shape, known on the host, so this reads nothing from the device
+        done = sequence.shape[1] - self.prompt_len
+        truth = self._truth.expand(B, -1)[:, done : done + D]
+        known = torch.zeros(B, D, dtype=torch.bool)
+        known[:, : truth.shape[1]] = True
+        truth = torch.cat([truth, truth.new_zeros(B, D - truth.shape[1])], 1)
+        drawn = replay_round(self.generator, truth, known, self.vocab_size)
+        dev = real.tokens.device
+        return DraftBlock(drawn.tokens.to(dev, real.tokens.dtype), drawn.confidence.to(dev, real.confidence.dtype),
+                          drawn.entropy.to(dev, real.entropy.dtype))
+
+    def observe(self, features: torch.Tensor, num_commit: torch.Tensor | int) -> None:
+        self.drafter.observe(features, num_commit)
