@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 TRITON_INTERPRET=1 python3 -m pytest tests/ops -n 2 -q "$@"
-python3 -m pytest tests --ignore=tests/ops -q "$@"
+python3 -m pytest tests --ignore=tests/ops -n 2 -q "$@"

@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 
 import torch
-from hybridspec.drafter import DFlashConfig, DFlashDrafter
 from transformers import (
     AutoModelForImageTextToText,
     Qwen3_5MoeConfig,
     Qwen3_5MoeForCausalLM,
     Qwen3_5MoeForConditionalGeneration,
-    Qwen3_5MoeTextConfig,
 )
 
-VOCAB = 128
+from hybridspec.tiny import DRAFTER as BASE
+from hybridspec.tiny import TARGET as TEXT
+from hybridspec.tiny import VOCAB, tiny_target
+from hybridspec.tiny import drafter_config as config
+from hybridspec.tiny import tiny_drafter as random_drafter
 
-TEXT = dict(
-    vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-    linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
-    moe_intermediate_size=32, shared_expert_intermediate_size=32,
-    layer_types=["linear_attention"] * 3 + ["full_attention"],
-)
+TAPS = BASE["dflash_config"]["target_layer_ids"]
 
 
 def qwen35_causal_lm(seed: int = 0) -> Qwen3_5MoeForCausalLM:
-    torch.manual_seed(seed)
-    return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**TEXT)).eval()
+    return tiny_target(seed)
 
 
 def qwen35_checkpoint_layout(seed: int = 0) -> Qwen3_5MoeForConditionalGeneration:
@@ -53,35 +47,6 @@ def qwen3_next_causal_lm(seed: int = 0):
     return Qwen3NextForCausalLM(config).eval()
 
 
-TAPS = [0, 2, 3]
-# A DFlash drafter config in the z-lab checkpoint format, matching the tiny targets above.
-BASE = dict(
-    vocab_size=VOCAB, hidden_size=TEXT["hidden_size"], intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
-    num_target_layers=TEXT["num_hidden_layers"], block_size=16,
-    dflash_config={"target_layer_ids": TAPS, "mask_token_id": VOCAB - 3},
-)
-
-def config(**overrides) -> dict:
-    raw = json.loads(json.dumps(BASE))
-    raw.update(overrides)
-    return raw
-
-
-def random_drafter(raw: dict, seed: int = 0) -> DFlashDrafter:
-    """Weights far from their initialisation, so that drafts differ from position to position:
-    sharp attention (large q/k norm gains) and, through the target's small random LM head, peaked
-    draft distributions (large final norm gain)."""
-    torch.manual_seed(seed)
-    drafter = DFlashDrafter(DFlashConfig.from_dict(raw))
-    gain = {"q_norm": 4.0, "k_norm": 4.0, "norm": 30.0}
-    with torch.no_grad():
-        for name, p in drafter.named_parameters():
-            if p.dim() > 1 or name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.3)
-            else:
-                p.copy_((torch.rand_like(p) + 0.5) * gain.get(name.split(".")[-2], 1.0))
-    return drafter.eval()
 
 
 def tiny_tokenizer():

@@ -13,7 +13,7 @@ from tests.models import VOCAB, qwen35_causal_lm
 
 @pytest.fixture(scope="module")
 def model():
-    m = qwen35_causal_lm(5)
+    m = hybridspec.enable(qwen35_causal_lm(5))
     yield m
     hybridspec.disable(m)
 
