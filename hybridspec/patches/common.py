@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.ops import GDNFactors, gdn_verify
 from hybridspec.state import HybridState
 
@@ -60,3 +61,18 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, state: HybridState, ai: int,
     out, _ = attend(mod, q, keys, values, mask, dropout=0.0, scaling=mod.scaling)
     out = out.reshape(B, w, -1) * torch.sigmoid(gate)
     return mod.o_proj(out)
+
+
+def moe_verify(mlp, x: torch.Tensor) -> torch.Tensor:
+    """The sparse MoE block with its routed experts on `hybridspec.ops.moe_experts` (cost follows
+    the distinct experts the w tokens touch); router and shared expert are the block's own. Dense
+    MLP layers run as they are."""
+    if not (hasattr(mlp, "gate") and hasattr(mlp, "experts") and hasattr(mlp, "shared_expert")):
+        out = mlp(x)
+        return out[0] if isinstance(out, tuple) else out
+    B, w, H = x.shape
+    flat = x.reshape(-1, H)
+    _, weights, ids = mlp.gate(flat)
+    routed = hybridspec_experts_forward(mlp.experts, flat, ids, weights)
+    shared = torch.sigmoid(mlp.shared_expert_gate(flat)) * mlp.shared_expert(flat)
+    return (routed + shared).reshape(B, w, H)

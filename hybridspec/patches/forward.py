@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hybridspec.ops import GDNFactors
-from hybridspec.patches.common import attention_verify
+from hybridspec.patches.common import attention_verify, moe_verify
 from hybridspec.state import MAX_VERIFY, HybridState
 
 
@@ -68,8 +68,7 @@ def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, t
         else:
             x = attention_verify(layer.self_attn, x, cos_sin, state, attn_idx[i], family.apply_rope)
         h = h + x
-        out = layer.mlp(layer.post_attention_layernorm(h))
-        h = h + (out[0] if isinstance(out, tuple) else out)
+        h = h + moe_verify(layer.mlp, layer.post_attention_layernorm(h))
         if i in taps:
             tapped[i] = h
     state.written = w
