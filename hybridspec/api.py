@@ -68,7 +68,9 @@ def _generate(model, *args, hybridspec: bool = False, verify_length: int | None 
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     length_policy = None
     if verify_length is None:
-        if policy != "hybridspec":
+        # "hybridspec" adds the routing correction and two-stage verification to "nominal"
+        # selection; both arrive with calibration (issue 4), so today the three run the same selector
+        if policy not in ("hybridspec", "nominal", "no_two_stage"):
             raise ValueError(f"policy={policy!r} arrives with the calibrated length policy (issue 4); "
                              "use policy='hybridspec' or pass verify_length=w")
         if calibration is not None:

@@ -54,7 +54,8 @@ def default_policy(max_len: int) -> LengthPolicy:
     if not _warned:
         warnings.warn(
             "hybridspec: no calibration given, using the built-in default length policy (raw drafter "
-            "confidence, linear cost). Lengths adapt per round but are not tuned to this model or GPU.",
+            "confidence, linear cost). Lengths adapt per round but are not tuned to this model or GPU, and "
+            "the routing correction and two-stage verification (which need calibration) are off.",
             stacklevel=3,
         )
         _warned = True
