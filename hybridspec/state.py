@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,12 +30,13 @@ class HybridState:
     values: list[torch.Tensor]
     length: int  # tokens committed to the attention caches (= the position of the next token)
     written: int = 0  # tokens the last verification wrote
+    # model layer -> index into the GDN buffers / the KV lists, built once per request
+    gdn_slot: dict[int, int] = field(init=False)
+    attn_slot: dict[int, int] = field(init=False)
 
-    def gdn_index(self, layer: int) -> int:
-        return self.gdn_layers.index(layer)
-
-    def attn_index(self, layer: int) -> int:
-        return self.attn_layers.index(layer)
+    def __post_init__(self):
+        self.gdn_slot = {layer: n for n, layer in enumerate(self.gdn_layers)}
+        self.attn_slot = {layer: n for n, layer in enumerate(self.attn_layers)}
 
     def round_factors(self, w: int) -> GDNFactors:
         """Factor buffers of a w-token round, `[Lg, B, w, ...]`, contiguous per layer (B = 1)."""

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+# the same eager attention for every family (repeat_kv, fp32 softmax)
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import eager_attention_forward
 
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.ops import GDNFactors, gdn_verify
@@ -26,7 +28,7 @@ def conv_verify(mod, mixed: torch.Tensor, state: HybridState, gi: int) -> torch.
 def gdn_core(mod, q, k, v, g, beta, z, state: HybridState, gi: int) -> torch.Tensor:
     """GDN verify of one layer into the round's factor buffers, then the gated norm and out_proj."""
     B, w = q.shape[:2]
-    factors = GDNFactors(*(f[gi, :, :w] for f in state.factors))
+    factors = GDNFactors(*(f[gi] for f in state.round_factors(w)))
     o, _ = gdn_verify(q, k, v, g, beta, state.gdn_states[gi], factors_out=factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
     return mod.out_proj(o.reshape(B, w, -1))
@@ -55,8 +57,6 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, state: HybridState, ai: int,
     else:
         mask = allowed
     mask = mask[None, None].expand(B, 1, w, start + w)
-    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import eager_attention_forward
-
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
     out, _ = attend(mod, q, keys, values, mask, dropout=0.0, scaling=mod.scaling)
     out = out.reshape(B, w, -1) * torch.sigmoid(gate)

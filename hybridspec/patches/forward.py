@@ -59,14 +59,12 @@ def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, t
     positions = state.length + torch.arange(w, device=h.device)[None].expand(B, w)
     cos_sin = family.rope(model, h, positions)
     tapped = {}
-    gdn_idx = {layer: n for n, layer in enumerate(state.gdn_layers)}
-    attn_idx = {layer: n for n, layer in enumerate(state.attn_layers)}
     for i, layer in enumerate(text.layers):
         x = layer.input_layernorm(h)
-        if i in gdn_idx:
-            x = family.gdn_verify_layer(layer.linear_attn, x, state, gdn_idx[i])
+        if i in state.gdn_slot:
+            x = family.gdn_verify_layer(layer.linear_attn, x, state, state.gdn_slot[i])
         else:
-            x = attention_verify(layer.self_attn, x, cos_sin, state, attn_idx[i], family.apply_rope)
+            x = attention_verify(layer.self_attn, x, cos_sin, state, state.attn_slot[i], family.apply_rope)
         h = h + x
         h = h + moe_verify(layer.mlp, layer.post_attention_layernorm(h))
         if i in taps:
