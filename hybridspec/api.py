@@ -9,15 +9,17 @@ EOS lists, logits processors, stopping criteria and streamers are prepared by tr
 from __future__ import annotations
 
 import functools
-import inspect
 
 from transformers import GenerationMixin
 from transformers.generation import logits_process
 
+from hybridspec.calibration.artifact import Calibration, current_device_name, runtime_versions
 from hybridspec.generation.loop import hybridspec_decode
 from hybridspec.generation.options import POLICIES, HybridSpecOptions
+from hybridspec.loading import drafter_fingerprint, target_fingerprint
 from hybridspec.patches import family_of
-from hybridspec.policy import default_policy
+from hybridspec.policy import FixedPolicy, default_policy, from_calibration
+from hybridspec.state import MAX_VERIFY
 
 _ORIGINAL = "_hybridspec_original_generate"
 # processors that run a model or keep state across calls cannot be replayed per verified position
@@ -46,13 +48,8 @@ def disable(model):
     return model
 
 
-def _cache_kwarg(model) -> str:
-    # transformers 5.24 renamed `past_key_values` to `cache` in forward signatures
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def _generate(model, *args, hybridspec: bool = False, verify_length: int | None = None, policy: str | None = None,
-              calibration=None, **kwargs):
+              calibration=None, hybridspec_recorder=None, **kwargs):
     original = getattr(model, _ORIGINAL)
     if not hybridspec:
         extra = [n for n, v in (("verify_length", verify_length), ("policy", policy), ("calibration", calibration))
@@ -63,36 +60,44 @@ def _generate(model, *args, hybridspec: bool = False, verify_length: int | None 
     drafter = kwargs.pop("assistant_model", None)
     if drafter is None:
         raise ValueError("hybridspec=True needs a drafter: generate(..., assistant_model=drafter, hybridspec=True)")
+    _check_request(model, args, kwargs)
+    drafter.bind(model)
+    length_policy = _policy(model, drafter, verify_length, policy, calibration)
+    options = HybridSpecOptions(drafter=drafter, policy=length_policy, streamer=kwargs.get("streamer"),
+                                recorder=hybridspec_recorder)
+    return GenerationMixin.generate(model, *args, custom_generate=hybridspec_decode,
+                                    hybridspec_options=options, **kwargs)
+
+
+def _policy(model, drafter, verify_length, policy, calibration):
+    """The length policy of one call: a fixed `verify_length`, or `policy` (default "hybridspec"),
+    calibrated when `calibration` (an artifact path or a `Calibration`) is given."""
+    top = min(drafter.block_size, MAX_VERIFY)
+    if verify_length is not None:
+        if policy is not None or calibration is not None:
+            raise ValueError("verify_length fixes the length: it cannot be combined with policy= or calibration=")
+        if not 2 <= verify_length <= top:
+            raise ValueError(f"verify_length must be in 2..{top} (the drafter's block size), got {verify_length}")
+        return FixedPolicy("fixed", verify_length)
     policy = policy or "hybridspec"
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    length_policy = None
-    if verify_length is None:
-        # "hybridspec" adds the routing correction and two-stage verification to "nominal"
-        # selection; both arrive with calibration (issue 4), so today the three run the same selector
-        if policy not in ("hybridspec", "nominal", "no_two_stage"):
-            raise ValueError(f"policy={policy!r} arrives with the calibrated length policy (issue 4); "
-                             "use policy='hybridspec' or pass verify_length=w")
-        if calibration is not None:
-            raise ValueError("calibration artifacts arrive with `hybridspec calibrate` (issue 4)")
-        length_policy = default_policy(min(drafter.block_size, 16))
-    elif not 2 <= verify_length <= min(drafter.block_size, 16):
-        raise ValueError(f"verify_length must be in 2..{min(drafter.block_size, 16)} (the drafter's block size), "
-                         f"got {verify_length}")
-    _check_request(model, args, kwargs)
-    drafter.bind(model)
-    streamer = kwargs.get("streamer")
-    options = HybridSpecOptions(drafter=drafter, verify_length=verify_length, policy=length_policy,
-                                streamer=streamer, cache_kwarg=_cache_kwarg(model))
-    return GenerationMixin.generate(model, *args, custom_generate=hybridspec_decode,
-                                    hybridspec_options=options, **kwargs)
+    if calibration is None:
+        if policy in ("static", "dcut", "evict"):
+            raise ValueError(f"policy={policy!r} needs profiled costs: run `hybridspec calibrate` and pass "
+                             "generate(..., calibration=path)")
+        return default_policy(policy, top)
+    if not isinstance(calibration, Calibration):
+        calibration = Calibration.load(calibration)
+    device = model.get_output_embeddings().weight.device
+    calibration.check(target_fingerprint(model), drafter_fingerprint(drafter), current_device_name(device),
+                      runtime_versions())
+    return from_calibration(policy, calibration, top)
 
 
 def _check_request(model, args, kwargs) -> None:
     config = kwargs.get("generation_config") or model.generation_config
     merged = {**config.to_dict(), **kwargs}
-    if merged.get("do_sample"):
-        raise ValueError("do_sample=True with hybridspec=True arrives with the sampling issue (#8); use greedy decoding")
     for name in ("num_beams", "num_return_sequences"):
         if (merged.get(name) or 1) > 1:
             raise ValueError(f"{name}={merged[name]} is not supported with hybridspec=True")

@@ -1,25 +1,40 @@
-"""Verification length from the drafter's confidences (DESIGN.md section 2, step 2).
+"""Verification length per round (DESIGN.md section 2, steps 2 and 4), on the device.
 
     p_i = prod_{j <= i} c_j,   w0 = argmax_{2 <= w <= W} [1 + sum_{i < w} p_i - rho * C(w)]
 
 ties to the shorter w, capped by the remaining output budget. Every w is scored (the curve may
-be nonconvex). Until calibration lands (issue 4) the built-in default takes `c_i` as the raw top-1
-confidence and a linear cost curve; the routing correction and two-stage verification also arrive
-with issue 4.
+be nonconvex). With a calibration artifact (`hybridspec calibrate`), `c_i` comes from the fitted
+acceptance model, `C` and `rho` from measured round times, and the "hybridspec" policy adds the
+routing correction at the Layer-0 router boundary. Without one, the built-in default takes `c_i`
+as the raw top-1 confidence and a linear cost curve, and runs no correction.
+
+The policies that `generate(..., policy=...)` names:
+
+- "hybridspec": calibrated selection, routing correction, two-stage verification (Stage 0 up to the
+  Layer-0 router for `u = w0 + 1` tokens, Stage 1 resumes there for the chosen w).
+- "no_two_stage": the same lengths, but Stage 0 only feeds the correction and the chosen w tokens
+  are then verified from the embedding again (the ablation of the resumable split).
+- "nominal": calibrated selection without correction (`w = w0`).
+- "static": the calibrated best fixed length.
+- "dcut": lengths {4, 8, 12, 16} by expected tokens / profiled round time, raw confidences.
+- "evict": every length 2..W by expected tokens / profiled round time, raw confidences.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+
+from hybridspec.drafter.protocol import DraftBlock
 
 
 @dataclass(frozen=True)
 class LengthPolicy:
-    """`cost[w - 1]` = target cost of verifying w tokens, in units of one autoregressive step;
-    `rho` = tokens per unit cost that an extra verified token must beat."""
+    """`cost[w - 1]` = target cost of verifying w tokens; `rho` = tokens per unit cost that an
+    extra verified token must beat (the calibrated pooled throughput)."""
 
     cost: tuple[float, ...]
     rho: float
@@ -30,33 +45,146 @@ class LengthPolicy:
         # batches); a draft token is worth verifying while its prefix probability exceeds ~0.06
         return cls(cost=tuple(1.0 + 0.03 * (w - 1) for w in range(1, max_len + 1)), rho=2.0)
 
-    def select(self, confidence: torch.Tensor, max_w: int) -> torch.Tensor:
-        """`confidence` `[B, D]` -> w0 `[B]` in `2..min(D + 1, max_w)` (or 1 when `max_w` is 1)."""
-        B, D = confidence.shape
+    def select(self, c: torch.Tensor, max_w: int) -> torch.Tensor:
+        """Conditional acceptance probabilities `c` `[B, D]` -> w0 `[B]` in `2..min(D + 1, max_w)`
+        (or 1 when `max_w` is 1)."""
+        B, D = c.shape
         top = min(D + 1, max_w, len(self.cost))
         if top <= 1:
-            return torch.ones(B, dtype=torch.long, device=confidence.device)
-        prefix = torch.cumprod(confidence.float().clamp(0, 1), dim=-1)  # p_1..p_D
-        ws = torch.arange(2, top + 1, device=confidence.device)
+            return torch.ones(B, dtype=torch.long, device=c.device)
+        prefix = prefix_probabilities(c)
+        ws = torch.arange(2, top + 1, device=c.device)
         # expected tokens of a w-token round: the anchor's token plus p_1 .. p_{w-1}
         gain = 1 + torch.cumsum(prefix, dim=-1)[:, ws - 2]
-        cost = torch.tensor(self.cost, device=confidence.device)[ws - 1]
+        cost = torch.tensor(self.cost, device=c.device)[ws - 1]
         score = gain - self.rho * cost
         # argmax returns the first maximum: ties go to the shorter length
         return ws[score.argmax(dim=-1)]
 
 
+def prefix_probabilities(c: torch.Tensor) -> torch.Tensor:
+    """`[B, D]` conditional probabilities -> `p_i = prod_{j <= i} c_j`, float32."""
+    return torch.cumprod(c.float().clamp(0, 1), dim=-1)
+
+
+class Selection(NamedTuple):
+    """A round's nominal choice: `w0` `[B]` and the prefix probabilities `p` `[B, D]` behind it."""
+
+    w0: torch.Tensor
+    prefix: torch.Tensor
+
+
+@dataclass(frozen=True)
+class RoutingCorrection:
+    """Step 4: keep token `w0 + 1` only if `p_{w0} > rho * dL`, with
+    `dL = C(w0+1) - C(w0) - s + eta * (nbar_given[w0, n_new] - nbar[w0])` (tables from calibration,
+    indexed by w0 as in `hybridspec.calibration.costs.routing_tables`)."""
+
+    cost: torch.Tensor  # [W] C(w) at index w - 1, ms
+    rho: float  # tokens / ms
+    s: float  # ms per Stage-0 token
+    eta: float  # ms per distinct expert per MoE layer
+    nbar: torch.Tensor
+    nbar_given: torch.Tensor
+
+    def keep_extra(self, prefix: torch.Tensor, w0: torch.Tensor, n_new: torch.Tensor) -> torch.Tensor:
+        """Bool `[B]`: verify `w0 + 1` tokens instead of `w0`. No host read."""
+        from hybridspec.calibration.costs import keep_extra_token
+
+        p_w0 = prefix.gather(1, (w0 - 1).clamp(max=prefix.shape[1] - 1)[:, None])[:, 0]
+        return keep_extra_token(p_w0, self.rho, self.cost, w0, self.s, self.eta, self.nbar, self.nbar_given, n_new)
+
+
+@dataclass(frozen=True)
+class AdaptivePolicy:
+    """Per-round `w0` from an acceptance model (raw confidence when `acceptance` is None) and a
+    cost curve; with `correction`, the routing correction decides on one more token."""
+
+    name: str
+    length: LengthPolicy
+    acceptance: object | None = None
+    correction: RoutingCorrection | None = None
+    two_stage: bool = True
+
+    def select(self, block: DraftBlock, max_w: int) -> Selection:
+        if self.acceptance is None:
+            c = block.confidence
+        else:
+            c = self.acceptance.predict(block.confidence, block.entropy)
+        return Selection(self.length.select(c, max_w), prefix_probabilities(c))
+
+
+@dataclass(frozen=True)
+class RatioPolicy:
+    """D-Cut and EVICT: the length in `lengths` that maximises expected tokens (raw confidences)
+    per profiled round time `fixed_ms + C(w)`; ties to the shorter."""
+
+    name: str
+    lengths: tuple[int, ...]
+    cost: tuple[float, ...]
+    fixed_ms: float
+
+    def select(self, block: DraftBlock, max_w: int) -> Selection:
+        prefix = prefix_probabilities(block.confidence)
+        B, D = prefix.shape
+        usable = [w for w in self.lengths if w <= min(D + 1, max_w)]
+        if not usable:
+            # the budget is below the smallest candidate: verify what is left
+            w = max(1, min(max_w, D + 1))
+            return Selection(torch.full((B,), w, dtype=torch.long, device=prefix.device), prefix)
+        ws = torch.tensor(usable, device=prefix.device)
+        gain = 1 + torch.cat([prefix.new_zeros(B, 1), torch.cumsum(prefix, -1)], -1)[:, ws - 1]
+        time = self.fixed_ms + torch.tensor(self.cost, device=prefix.device)[ws - 1]
+        return Selection(ws[(gain / time).argmax(-1)], prefix)
+
+
+@dataclass(frozen=True)
+class FixedPolicy:
+    """Verify `length` tokens every round (capped by the budget): vanilla DFlash at W, or "static"."""
+
+    name: str
+    length: int
+
+    def select(self, block: DraftBlock, max_w: int) -> Selection:
+        B = block.tokens.shape[0]
+        w = max(1, min(self.length, max_w))
+        return Selection(torch.full((B,), w, dtype=torch.long, device=block.tokens.device),
+                         prefix_probabilities(block.confidence))
+
+
+def from_calibration(name: str, calibration, max_len: int):
+    """The policy `name` built from a `hybridspec.calibration.Calibration`."""
+    cost = tuple(calibration.cost[:max_len])
+    if name == "static":
+        return FixedPolicy(name, min(calibration.static_length, max_len))
+    if name == "dcut":
+        return RatioPolicy(name, tuple(w for w in (4, 8, 12, 16) if w <= max_len), cost, calibration.fixed_ms)
+    if name == "evict":
+        return RatioPolicy(name, tuple(range(2, max_len + 1)), cost, calibration.fixed_ms)
+    length = LengthPolicy(cost=cost, rho=calibration.rho)
+    correction = None
+    if name in ("hybridspec", "no_two_stage"):
+        correction = RoutingCorrection(
+            cost=torch.tensor(cost), rho=calibration.rho, s=calibration.stage0_slope_ms, eta=calibration.eta_ms,
+            nbar=torch.tensor(calibration.nbar, dtype=torch.float32),
+            nbar_given=torch.tensor(calibration.nbar_given, dtype=torch.float32),
+        )
+    return AdaptivePolicy(name, length, calibration.acceptance, correction, two_stage=name == "hybridspec")
+
+
 _warned = False
 
 
-def default_policy(max_len: int) -> LengthPolicy:
+def default_policy(name: str, max_len: int) -> AdaptivePolicy:
+    """The uncalibrated fallback of the adaptive policies; warns once per process."""
     global _warned
     if not _warned:
         warnings.warn(
-            "hybridspec: no calibration given, using the built-in default length policy (raw drafter "
-            "confidence, linear cost). Lengths adapt per round but are not tuned to this model or GPU, and "
-            "the routing correction and two-stage verification (which need calibration) are off.",
+            f"hybridspec: policy={name!r} without calibration uses the built-in default length policy (raw "
+            "drafter confidence, linear cost). Lengths adapt per round but are not tuned to this model or GPU, "
+            "and the routing correction and two-stage verification (which need calibration) are off; run "
+            "`hybridspec calibrate` and pass generate(..., calibration=path).",
             stacklevel=3,
         )
         _warned = True
-    return LengthPolicy.builtin_default(max_len)
+    return AdaptivePolicy(name, LengthPolicy.builtin_default(max_len))

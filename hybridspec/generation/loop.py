@@ -1,26 +1,33 @@
 """The decoding method `generate(..., hybridspec=True)` hands to transformers as `custom_generate`.
 
-Stages per round: draft, verify (one target pass over `[anchor, d_1 .. d_{w-1}]`), accept (per
-position, the same logits processors greedy decoding applies), commit (m = A + 1 tokens into
-every layer and the drafter). Stopping is checked token by token, as target-only decoding does.
+Stages per round: draft, select (the verification length w), verify (one target pass over
+`[anchor, d_1 .. d_{w-1}]`), accept (every position processed by the same logits processors and
+warpers as target-only decoding, then the greedy or point-mass sampling rule of
+`hybridspec.generation.accept`), commit (m = A + 1 tokens into every layer and the drafter).
+Stopping is checked token by token, as target-only decoding does.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from hybridspec.generation.accept import greedy_accept, process_positions, sample_accept
 from hybridspec.generation.options import HybridSpecOptions
 from hybridspec.patches import family_of
-from hybridspec.patches.forward import allocate_state, verify_forward
+from hybridspec.generation.verify import Verifier
+from hybridspec.patches.forward import allocate_state
 
 
 @dataclass
 class HybridSpecStats:
     verify_lengths: list[int] = field(default_factory=list)
+    # the policy's nominal choice w0 per round (the routing correction may add one token)
+    nominal_lengths: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
 
     @property
@@ -38,16 +45,21 @@ class HybridSpecOutput(GenerateDecoderOnlyOutput):
     hybridspec_stats: HybridSpecStats | None = None
 
 
-def _prefill(model, input_ids, taps, cache_kwarg):
+def prefill(model, input_ids, taps):
+    """Transformers' own forward over the prompt: last-position logits `[B, V]` fp32, its
+    `DynamicCache`, and the tap features `[B, P, len(taps) * H]`."""
     cache = DynamicCache(config=model.config)
-    out = model(input_ids, use_cache=True, output_hidden_states=bool(taps), logits_to_keep=1, **{cache_kwarg: cache})
+    # transformers 5.24 renamed `past_key_values` to `cache` in forward signatures
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids, use_cache=True, output_hidden_states=bool(taps), logits_to_keep=1, **{name: cache})
     feats = torch.cat([out.hidden_states[i + 1] for i in taps], -1) if taps else input_ids.new_zeros(*input_ids.shape, 0)
     return out.logits[:, -1].float(), cache, feats
 
 
 def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
                       synced_gpus=False, hybridspec_options: HybridSpecOptions | None = None, **model_kwargs):
-    """Greedy speculative decoding, token for token equal to `generate(do_sample=False)`."""
+    """Speculative decoding: token for token equal to `generate(do_sample=False)` when greedy, and
+    with the output distribution of target-only `generate(do_sample=True)` when sampling."""
     opts = hybridspec_options
     drafter, streamer = opts.drafter, opts.streamer
     family = family_of(model)
@@ -58,50 +70,58 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
     stats = HybridSpecStats()
     seq = input_ids
     max_len = generation_config.max_length
+    accept = sample_accept if generation_config.do_sample else greedy_accept
 
-    def emit(token_logits: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Process one position's logits after `context`, pick the greedy token, append, check stops."""
+    def emit(token: torch.Tensor, processed: torch.Tensor, raw: torch.Tensor) -> bool:
+        """Append one chosen token `[B, 1]` whose position scored `processed` / `raw` `[B, V]`; True to stop."""
         nonlocal seq
-        processed = logits_processor(context, token_logits)
-        token = processed.argmax(-1, keepdim=True)  # [B, 1]
         if want_scores:
             scores.append(processed)
         if want_logits:
-            raw_logits.append(token_logits)
-        seq = torch.cat([context, token], dim=-1)
+            raw_logits.append(raw)
+        seq = torch.cat([seq, token], dim=-1)
         if streamer is not None:
             streamer.put(token.cpu())
-        return token, bool(stopping_criteria(seq, processed).all())
+        return bool(stopping_criteria(seq, processed).all())
 
-    logits, cache, feats = _prefill(model, input_ids, taps, opts.cache_kwarg)
+    logits, cache, feats = prefill(model, input_ids, taps)
     state = allocate_state(family, model, cache, max_len + 16)
     del cache
+    recorder = opts.recorder
+    verify = Verifier(family, model, state, opts.policy, taps, record_routing=recorder is not None)
     drafter.start(input_ids, feats)
-    anchor, done = emit(logits, seq)
+    # the prefill's last position is a round of one position with no drafts: its token is the bonus
+    no_draft = input_ids[:, :0]
+    processed = process_positions(logits_processor, seq, no_draft, logits[:, None])
+    tokens, _ = accept(processed, no_draft)
+    anchor = tokens[:, :1]
+    done = emit(anchor, processed[:, 0], logits)
     lm_head = model.get_output_embeddings()
     while not done:
         remaining = max_len - seq.shape[1]
+        if recorder is not None:
+            recorder.begin()
         block = drafter.propose(seq)
-        if opts.verify_length is None:
-            # the eager loop slices by w, so it reads w0 on the host (the CUDA-graph runner does not)
-            w = int(opts.policy.select(block.confidence, remaining)[0])
-        else:
-            w = max(1, min(opts.verify_length, remaining))
-        draft = block.tokens[:, : w - 1]
-        hidden, feats = verify_forward(family, model, torch.cat([anchor, draft], dim=-1), state, taps)
+        w, hidden, feats, draft = verify(anchor, block, remaining)
         logits = lm_head(hidden).float()  # [B, w, V]
-        accepted = 0
-        for i in range(w):
-            token, done = emit(logits[:, i], seq)
-            if done or i == w - 1 or not torch.equal(token, draft[:, i : i + 1]):
+        processed = process_positions(logits_processor, seq, draft, logits)  # [B, w, V]
+        tokens, accepted = accept(processed, draft)
+        # emitting appends to the host-side sequence one token at a time, so it reads A here
+        kept = int(accepted[0])
+        for i in range(kept + 1):
+            if emit(tokens[:, i : i + 1], processed[:, i], logits[:, i]):
+                # a stop inside the block ends generation there, as it would end target-only decoding
+                done, kept = True, i
                 break
-            accepted += 1
         stats.verify_lengths.append(w)
-        stats.accepted.append(accepted)
-        anchor = token
+        stats.nominal_lengths.append(verify.last_w0)
+        stats.accepted.append(kept)
+        anchor = tokens[:, kept : kept + 1]
         if not done:
-            state.commit(accepted + 1)
-            drafter.observe(feats, accepted + 1)
+            state.commit(kept + 1)
+            drafter.observe(feats, kept + 1)
+        if recorder is not None:
+            recorder.end(block, w, kept, verify.routing, done)
     if streamer is not None:
         streamer.end()
     if not generation_config.return_dict_in_generate:

@@ -11,7 +11,8 @@ POLICIES = ("hybridspec", "nominal", "no_two_stage", "static", "dcut", "evict")
 @dataclass
 class HybridSpecOptions:
     drafter: Any
-    verify_length: int | None
+    # a policy of `hybridspec.policy` (a fixed `verify_length` is a `FixedPolicy`)
     policy: Any
     streamer: Any
-    cache_kwarg: str
+    # calibration's `RoundRecorder`, or None
+    recorder: Any = None

@@ -63,16 +63,34 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, state: HybridState, ai: int,
     return mod.o_proj(out)
 
 
-def moe_verify(mlp, x: torch.Tensor) -> torch.Tensor:
-    """The sparse MoE block with its routed experts on `hybridspec.ops.moe_experts` (cost follows
-    the distinct experts the w tokens touch); router and shared expert are the block's own. Dense
-    MLP layers run as they are."""
-    if not (hasattr(mlp, "gate") and hasattr(mlp, "experts") and hasattr(mlp, "shared_expert")):
-        out = mlp(x)
-        return out[0] if isinstance(out, tuple) else out
+def is_sparse_moe(mlp) -> bool:
+    return hasattr(mlp, "gate") and hasattr(mlp, "experts") and hasattr(mlp, "shared_expert")
+
+
+def route(mlp, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's own router on `[B, w, H]` -> expert ids and routing weights `[B, w, k]`."""
+    B, w, H = x.shape
+    _, weights, ids = mlp.gate(x.reshape(-1, H))
+    return ids.view(B, w, -1), weights.view(B, w, -1)
+
+
+def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Routed experts on `hybridspec.ops.moe_experts` (cost follows the distinct experts the w
+    tokens touch) plus the block's own shared expert; `x` `[B, w, H]`, `ids`/`weights` `[B, w, k]`."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
-    _, weights, ids = mlp.gate(flat)
-    routed = hybridspec_experts_forward(mlp.experts, flat, ids, weights)
+    routed = hybridspec_experts_forward(mlp.experts, flat, ids.reshape(B * w, -1), weights.reshape(B * w, -1))
     shared = torch.sigmoid(mlp.shared_expert_gate(flat)) * mlp.shared_expert(flat)
     return (routed + shared).reshape(B, w, H)
+
+
+def moe_verify(mlp, x: torch.Tensor, routing: list | None = None) -> torch.Tensor:
+    """The MoE block of a verified block; a sparse block appends its expert ids `[B, w, k]` to
+    `routing` when given. Dense MLP layers run as they are."""
+    if not is_sparse_moe(mlp):
+        out = mlp(x)
+        return out[0] if isinstance(out, tuple) else out
+    ids, weights = route(mlp, x)
+    if routing is not None:
+        routing.append(ids)
+    return moe_apply(mlp, x, ids, weights)

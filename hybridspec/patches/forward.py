@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from hybridspec.ops import GDNFactors
-from hybridspec.patches.common import attention_verify, moe_verify
+from hybridspec.patches.common import attention_verify, is_sparse_moe, moe_apply, moe_verify, route
 from hybridspec.state import MAX_VERIFY, HybridState
 
 
@@ -45,28 +47,83 @@ def allocate_state(family, model, cache, max_len: int) -> HybridState:
     )
 
 
-def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, taps: tuple[int, ...] = ()):
+class Stage0(NamedTuple):
+    """What Stage 0 keeps at the router boundary of Layer 0, for the u tokens it ran: the residual
+    stream after Layer 0's GDN mixer, the MoE block's input (post-attention norm), and the routing."""
+
+    residual: torch.Tensor  # [B, u, H]
+    moe_input: torch.Tensor  # [B, u, H]
+    topk_ids: torch.Tensor  # [B, u, k]
+    topk_weights: torch.Tensor  # [B, u, k]
+
+
+def has_router_boundary(family, model) -> bool:
+    """Two-stage verification needs Layer 0 to be GDN followed by a sparse MoE block."""
+    layer = family.text_model(model).layers[0]
+    return family.text_config(model).layer_types[0] == "linear_attention" and is_sparse_moe(layer.mlp)
+
+
+def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, taps: tuple[int, ...] = (),
+                   routing: list | None = None):
     """Run w <= 16 tokens after the committed prefix; nothing is committed.
 
     Returns the final-norm hidden states `[B, w, H]` and the tap features `[B, w, len(taps) * H]`
     (tap i = output of layer i, i.e. transformers' `hidden_states[i + 1]`), in the order of `taps`.
+    With `routing` given, every sparse MoE layer appends its expert ids `[B, w, k]` in layer order.
     """
-    B, w = input_ids.shape
-    if not 1 <= w <= MAX_VERIFY:
-        raise ValueError(f"verification length must be in 1..{MAX_VERIFY}, got input_ids {tuple(input_ids.shape)}")
+    _check_length(input_ids)
+    h = family.text_model(model).embed_tokens(input_ids)
+    return _layers(family, model, h, 0, state, taps, routing)
+
+
+def stage0(family, model, input_ids: torch.Tensor, state: HybridState) -> Stage0:
+    """Embedding, Layer-0 GDN and the Layer-0 router for u tokens, stopping before any routed
+    expert. Layer 0's factors and conv inputs for the u tokens are written; since the first m of
+    them depend only on the first m tokens, Stage 1 may keep any w <= u of them."""
+    _check_length(input_ids)
     text = family.text_model(model)
+    layer = text.layers[0]
     h = text.embed_tokens(input_ids)
+    h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), state, state.gdn_slot[0])
+    y = layer.post_attention_layernorm(h)
+    ids, weights = route(layer.mlp, y)
+    return Stage0(h, y, ids, weights)
+
+
+def stage1(family, model, kept: Stage0, w: int, state: HybridState, taps: tuple[int, ...] = (),
+           routing: list | None = None):
+    """Resume at Layer 0's experts for the first w Stage-0 tokens and run the rest of the stack;
+    returns what `verify_forward` returns for those w tokens. Stage-0 rows past w are not read."""
+    layer = family.text_model(model).layers[0]
+    ids = kept.topk_ids[:, :w]
+    if routing is not None:
+        routing.append(ids)
+    h = kept.residual[:, :w] + moe_apply(layer.mlp, kept.moe_input[:, :w], ids, kept.topk_weights[:, :w])
+    return _layers(family, model, h, 1, state, taps, routing, done=h if 0 in taps else None)
+
+
+def _check_length(input_ids: torch.Tensor) -> None:
+    if not 1 <= input_ids.shape[1] <= MAX_VERIFY:
+        raise ValueError(f"verification length must be in 1..{MAX_VERIFY}, got input_ids {tuple(input_ids.shape)}")
+
+
+def _layers(family, model, h, start: int, state: HybridState, taps, routing, done=None):
+    """Layers `start..` on the residual stream `h` `[B, w, H]`; `done` is layer 0's tap when Stage 1
+    has already run it."""
+    B, w = h.shape[:2]
+    text = family.text_model(model)
     positions = state.length + torch.arange(w, device=h.device)[None].expand(B, w)
     cos_sin = family.rope(model, h, positions)
-    tapped = {}
-    for i, layer in enumerate(text.layers):
+    tapped = {0: done} if done is not None else {}
+    for i in range(start, len(text.layers)):
+        layer = text.layers[i]
         x = layer.input_layernorm(h)
         if i in state.gdn_slot:
             x = family.gdn_verify_layer(layer.linear_attn, x, state, state.gdn_slot[i])
         else:
             x = attention_verify(layer.self_attn, x, cos_sin, state, state.attn_slot[i], family.apply_rope)
         h = h + x
-        h = h + moe_verify(layer.mlp, layer.post_attention_layernorm(h))
+        h = h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing)
         if i in taps:
             tapped[i] = h
     state.written = w

@@ -48,11 +48,12 @@ def test_unsupported_model_names_supported_types():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(do_sample=True), "do_sample=True"),
         (dict(num_beams=2), "num_beams=2"),
         (dict(output_attentions=True), "output_attentions=True"),
         (dict(policy="nope"), "policy must be one of"),
-        (dict(policy="static"), "arrives with the calibrated length policy"),
+        (dict(policy="static"), "needs profiled costs: run `hybridspec calibrate`"),
+        (dict(policy="evict"), "needs profiled costs"),
+        (dict(verify_length=4, policy="nominal"), "cannot be combined"),
         (dict(verify_length=17), r"verify_length must be in 2..16"),
         (dict(verify_length=1), r"verify_length must be in 2..16"),
         (dict(guidance_scale=2.0), "guidance_scale"),

@@ -1,0 +1,224 @@
+"""The calibration artifact: one JSON file per (target, drafter, GPU), never pickle.
+
+It is tied to the models by config fingerprints (a mismatch is an error: the acceptance model and
+the cost curve describe other models) and records the device and library versions it was measured
+under (a mismatch only warns: the numbers are probably still close).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from hybridspec.calibration.acceptance import AcceptanceModel
+
+SCHEMA_VERSION = 1
+RERUN = "rerun `hybridspec calibrate` for this target, drafter and GPU"
+
+# Keys of a transformers config dict that change between loads of the same checkpoint (paths,
+# versions, dtype, kernel choices, parallel plans, output switches) and not the model itself.
+VOLATILE_KEYS = frozenset({
+    "_name_or_path", "name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
+    "_commit_hash", "attn_implementation", "experts_implementation", "auto_map", "_auto_class",
+    "_is_quantized", "_pre_quantization_dtype", "output_attentions", "_output_attentions",
+    "output_hidden_states", "output_router_logits", "return_dict", "use_return_dict", "use_cache",
+    "torchscript", "base_model_tp_plan", "base_model_pp_plan", "base_model_fsdp_plan", "tp_plan",
+    "pp_plan", "distributed_config", "ignore_keys_at_rope_validation",
+})
+VOLATILE_PREFIXES = ("_attn_implementation", "_experts_implementation")
+
+
+def _stable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            str(k): _stable(v) for k, v in value.items()
+            if k not in VOLATILE_KEYS and not str(k).startswith(VOLATILE_PREFIXES)
+        }
+    if isinstance(value, (list, tuple)):
+        return [_stable(v) for v in value]
+    if hasattr(value, "to_dict"):
+        return _stable(value.to_dict())
+    return value
+
+
+def fingerprint(config) -> str:
+    """sha256 (hex) of a model config without its volatile keys (`VOLATILE_KEYS`, `VOLATILE_PREFIXES`,
+    removed at every nesting level). `config`: a dict or anything with `to_dict()` (a transformers
+    `PretrainedConfig`, `DFlashConfig`)."""
+    d = config.to_dict() if hasattr(config, "to_dict") else config
+    if not isinstance(d, dict):
+        raise TypeError(f"fingerprint: expected a config dict or an object with to_dict(), got {type(config).__name__}")
+    # default=str: values such as torch.dtype in hand-built dicts still hash deterministically
+    text = json.dumps(_stable(d), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def runtime_versions() -> dict[str, str | None]:
+    """Versions the artifact records: torch, transformers, triton (None without it), hybridspec."""
+    import torch
+    import transformers
+
+    import hybridspec
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "triton": triton_version,
+            "hybridspec": hybridspec.__version__}
+
+
+def current_device_name(device=None) -> str:
+    """`torch.cuda.get_device_name` for a CUDA device (default: the current one if any), else "cpu"."""
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """A fitted calibration. Times in ms, `rho` in tokens/ms, lengths in input tokens.
+
+    `block_size` W = D + 1; `cost[w - 1]` = C_tgt(w) for w = 1..W; `fixed_ms` the w-independent
+    round time; `stage0_slope_ms` s (ms per Stage-0 token); `eta_ms` (ms per distinct expert per MoE
+    layer); `top_k` Layer-0 experts per token; `nbar` `[W]`, `nbar_given` `[W][top_k + 1]` (see
+    `costs.routing_tables`); `static_length` the best single length; `summary` free-form numbers.
+    """
+
+    target_fingerprint: str
+    drafter_fingerprint: str
+    device_name: str
+    versions: dict[str, str | None]
+    block_size: int
+    acceptance: AcceptanceModel
+    cost: tuple[float, ...]
+    fixed_ms: float
+    stage0_slope_ms: float
+    eta_ms: float
+    top_k: int
+    nbar: tuple[float, ...]
+    nbar_given: tuple[tuple[float, ...], ...]
+    rho: float
+    static_length: int
+    summary: dict = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self):
+        W = self.block_size
+        problems = []
+        if self.acceptance.num_positions != W - 1:
+            problems.append(f"acceptance has {self.acceptance.num_positions} positions, block_size {W} needs {W - 1}")
+        if len(self.cost) != W:
+            problems.append(f"cost has {len(self.cost)} entries, block_size {W} needs {W}")
+        if len(self.nbar) != W:
+            problems.append(f"nbar has {len(self.nbar)} entries, block_size {W} needs {W}")
+        if len(self.nbar_given) != W or any(len(row) != self.top_k + 1 for row in self.nbar_given):
+            problems.append(f"nbar_given must be [{W}][{self.top_k + 1}] (block_size x top_k + 1)")
+        if not 2 <= self.static_length <= W:
+            problems.append(f"static_length {self.static_length} is outside 2..{W}")
+        if not self.rho > 0:
+            problems.append(f"rho must be positive, got {self.rho}")
+        if problems:
+            raise ValueError("calibration: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["acceptance"] = self.acceptance.to_dict()
+        out["cost"] = list(self.cost)
+        out["nbar"] = list(self.nbar)
+        out["nbar_given"] = [list(row) for row in self.nbar_given]
+        out["versions"] = dict(self.versions)
+        out["summary"] = copy.deepcopy(self.summary)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "calibration") -> Calibration:
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        if "schema_version" not in d:
+            raise ValueError(f"{source}: missing key 'schema_version'")
+        if d["schema_version"] != SCHEMA_VERSION:
+            raise ValueError(
+                f"{source}: schema_version is {d['schema_version']!r}, this hybridspec reads {SCHEMA_VERSION}; {RERUN}"
+            )
+        names = {f.name for f in fields(cls)}
+        required = {f.name for f in fields(cls) if f.name not in ("summary", "schema_version")}
+        missing, unknown = sorted(required - d.keys()), sorted(d.keys() - names)
+        if missing or unknown:
+            raise ValueError(f"{source}: missing keys {missing}, unknown keys {unknown}")
+        try:
+            return cls(
+                schema_version=int(d["schema_version"]),
+                target_fingerprint=str(d["target_fingerprint"]),
+                drafter_fingerprint=str(d["drafter_fingerprint"]),
+                device_name=str(d["device_name"]),
+                versions=dict(d["versions"]),
+                block_size=int(d["block_size"]),
+                acceptance=AcceptanceModel.from_dict(d["acceptance"]),
+                cost=tuple(float(v) for v in d["cost"]),
+                fixed_ms=float(d["fixed_ms"]),
+                stage0_slope_ms=float(d["stage0_slope_ms"]),
+                eta_ms=float(d["eta_ms"]),
+                top_k=int(d["top_k"]),
+                nbar=tuple(float(v) for v in d["nbar"]),
+                nbar_given=tuple(tuple(float(v) for v in row) for row in d["nbar_given"]),
+                rho=float(d["rho"]),
+                static_length=int(d["static_length"]),
+                summary=dict(d.get("summary", {})),
+            )
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{source}: malformed calibration: {e}") from e
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the artifact as JSON (indent 2). NaN or infinity anywhere is an error: strict JSON."""
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text + "\n")
+        # a reader never sees a half-written artifact
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Calibration:
+        with open(path) as f:
+            text = f.read()
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{os.fspath(path)}: not a JSON calibration file ({e})") from e
+        return cls.from_dict(d, source=os.fspath(path))
+
+    def check(self, target_fingerprint: str, drafter_fingerprint: str, device_name: str,
+              versions: dict[str, str | None]) -> None:
+        """Raise ValueError if the schema or a model fingerprint differs from the running setup; one
+        warning listing every difference if only the device name or library versions differ."""
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(f"calibration schema_version {self.schema_version} != {SCHEMA_VERSION}; {RERUN}")
+        for name, mine, running in (("target_fingerprint", self.target_fingerprint, target_fingerprint),
+                                    ("drafter_fingerprint", self.drafter_fingerprint, drafter_fingerprint)):
+            if mine != running:
+                raise ValueError(
+                    f"calibration {name} {mine[:16]}... does not match the loaded model ({running[:16]}...): "
+                    f"it was measured for another model; {RERUN}"
+                )
+        diffs = []
+        if device_name != self.device_name:
+            diffs.append(f"device_name {self.device_name!r} -> {device_name!r}")
+        for key in sorted(self.versions.keys() | versions.keys()):
+            if self.versions.get(key) != versions.get(key):
+                diffs.append(f"{key} {self.versions.get(key)!r} -> {versions.get(key)!r}")
+        if diffs:
+            warnings.warn(
+                f"hybridspec: the calibration was measured under a different setup ({', '.join(diffs)}); its costs "
+                f"and rho may be off, {RERUN} to refresh them",
+                stacklevel=2,
+            )

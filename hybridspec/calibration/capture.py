@@ -1,0 +1,158 @@
+"""What calibration measures on the target: per-round drafts, acceptance and routing from a run
+that verifies all D drafts, mean round times at fixed lengths, the Stage-0 slope and the MoE
+cost per distinct expert. Times are wall-clock milliseconds (synchronised on CUDA)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from hybridspec.experts import hybridspec_experts_forward
+from hybridspec.ops.routing import distinct_prefix_counts, new_expert_counts
+from hybridspec.patches import family_of
+from hybridspec.patches.forward import allocate_state, stage0
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+@dataclass
+class RoundRecorder:
+    """Passed to the decoding loop (`hybridspec_recorder=`): it calls `begin()` before drafting
+    and `end(...)` after the round's accept stage. Keeps host copies per round."""
+
+    device: torch.device
+    num_experts: int
+    confidence: list = field(default_factory=list)
+    entropy: list = field(default_factory=list)
+    accepted: list = field(default_factory=list)
+    lengths: list = field(default_factory=list)
+    stopped: list = field(default_factory=list)
+    distinct_all: list = field(default_factory=list)
+    new_layer0: list = field(default_factory=list)
+    round_ms: list = field(default_factory=list)
+    first_round: list = field(default_factory=list)
+    _start: float = 0.0
+    _rounds_in_call: int = 0
+
+    def new_call(self) -> None:
+        self._rounds_in_call = 0
+
+    def begin(self) -> None:
+        self._start = _now(self.device)
+
+    def end(self, block, w: int, accepted: int, routing: list | None, stopped: bool) -> None:
+        self.round_ms.append((_now(self.device) - self._start) * 1e3)
+        self.first_round.append(self._rounds_in_call == 0)
+        self._rounds_in_call += 1
+        self.confidence.append(block.confidence[0].float().cpu())
+        self.entropy.append(block.entropy[0].float().cpu())
+        self.accepted.append(accepted)
+        self.lengths.append(w)
+        self.stopped.append(stopped)
+        if routing:
+            ids = torch.stack([r[0] for r in routing])  # [layers, w, k]
+            self.distinct_all.append(distinct_prefix_counts(ids, self.num_experts).sum(0).cpu())
+            self.new_layer0.append(new_expert_counts(ids[0], self.num_experts).cpu())
+
+
+def generate_rounds(model, drafter, prompts, recorder: RoundRecorder, max_new_tokens: int, verify_length: int,
+                    desc: str) -> None:
+    """Greedy HybridSpec generation of every prompt at a fixed verification length, recorded.
+    `prompts`: (input_ids `[1, n]`, continuation or None) pairs; a continuation is handed to a
+    replay drafter before its prompt."""
+    for ids, continuation in tqdm(prompts, desc=desc, leave=False):
+        if continuation is not None:
+            drafter.continuation = continuation
+        recorder.new_call()
+        model.generate(ids, assistant_model=drafter, hybridspec=True, verify_length=verify_length,
+                       max_new_tokens=max_new_tokens, do_sample=False, hybridspec_recorder=recorder)
+
+
+def mean_round_ms(recorder: RoundRecorder) -> float:
+    """Mean time of the rounds after each call's first (which pays one-off warm-up)."""
+    times = [t for t, first in zip(recorder.round_ms, recorder.first_round) if not first]
+    if not times:
+        raise ValueError("no timed rounds: raise --max-new-tokens so each prompt runs at least two rounds")
+    return statistics.fmean(times)
+
+
+def capture_arrays(recorder: RoundRecorder, block_size: int) -> dict[str, np.ndarray]:
+    """The capture run's per-round arrays. A round is valid (used for labels and tables) when it
+    verified all `block_size` tokens and did not stop generation (EOS or the output limit)."""
+    valid = np.array([w == block_size and not s for w, s in zip(recorder.lengths, recorder.stopped)])
+    full = [i for i, w in enumerate(recorder.lengths) if w == block_size]
+    return dict(
+        confidence=torch.stack(recorder.confidence).numpy(),
+        entropy=torch.stack(recorder.entropy).numpy(),
+        accepted=np.array(recorder.accepted),
+        valid=valid,
+        # routing tables need all W tokens of a round: only full-length rounds carry them
+        distinct_all=torch.stack([recorder.distinct_all[i] for i in full]).numpy() if full else np.zeros((0, block_size)),
+        new_layer0=torch.stack([recorder.new_layer0[i] for i in full]).numpy() if full else np.zeros((0, block_size)),
+        full_valid=valid[full] if full else np.zeros(0, dtype=bool),
+    )
+
+
+def _median_ms(fn, device: torch.device, repeats: int) -> float:
+    fn()
+    # in decoding, a layer's weights are long out of L2 when it runs again: evict them before each
+    # timed call (256 MB > any current L2), outside the timed span
+    scratch = torch.empty(256 << 20, dtype=torch.uint8, device=device) if device.type == "cuda" else None
+    times = []
+    for _ in range(repeats):
+        if scratch is not None:
+            scratch.zero_()
+        start = _now(device)
+        fn()
+        times.append((_now(device) - start) * 1e3)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def stage0_latency(model, input_ids: torch.Tensor, lengths, repeats: int = 20) -> dict[int, float]:
+    """Stage-0 time (embedding, Layer-0 GDN, Layer-0 router) for u tokens after a prompt, per u.
+    Nothing is committed, so every call sees the same state."""
+    from hybridspec.generation.loop import prefill
+
+    family = family_of(model)
+    _, cache, _ = prefill(model, input_ids, ())
+    state = allocate_state(family, model, cache, input_ids.shape[1] + 32)
+    tokens = input_ids[:, -1:].expand(1, max(lengths)).contiguous()
+    return {u: _median_ms(lambda u=u: stage0(family, model, tokens[:, :u], state), input_ids.device, repeats)
+            for u in lengths}
+
+
+def distinct_expert_ids(rows: int, k: int, distinct: int, num_experts: int, generator: torch.Generator) -> torch.Tensor:
+    """`[rows, k]` expert ids touching exactly `distinct` experts (k <= distinct <= rows * k), each
+    row's k choices different, as a router gives them."""
+    chosen = torch.randperm(num_experts, generator=generator)[:distinct]
+    slots = torch.arange(rows * k) % distinct
+    return chosen[slots].view(rows, k)
+
+
+@torch.inference_mode()
+def expert_latency(model, counts, rows: int = 16, repeats: int = 20, seed: int = 0) -> dict[int, float]:
+    """Latency of one layer's routed experts for `rows` tokens touching exactly U distinct experts,
+    per U in `counts` (Layer 0's experts; every MoE layer has the same shape)."""
+    mlp = family_of(model).text_model(model).layers[0].mlp
+    experts = mlp.experts
+    device = experts.gate_up_proj.device
+    k = model.config.get_text_config().num_experts_per_tok
+    E = experts.gate_up_proj.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, experts.gate_up_proj.shape[-1], generator=g).to(device, experts.gate_up_proj.dtype)
+    weights = torch.full((rows, k), 1.0 / k, device=device)
+    out = {}
+    for U in counts:
+        ids = distinct_expert_ids(rows, k, U, E, g).to(device)
+        out[U] = _median_ms(lambda ids=ids: hybridspec_experts_forward(experts, x, ids, weights), device, repeats)
+    return out

@@ -1,0 +1,133 @@
+"""`hybridspec calibrate`: measure a target + drafter pair on this machine and fit the policy.
+
+1. Load the models and the prompts; split the prompts (seeded) and keep the calibration half.
+2. Capture run, verifying all D drafts every round: confidences, entropies, accepted counts and the
+   routing of every MoE layer -> the acceptance model and the routing tables.
+3. Fixed-length runs -> mean round time per w -> `C_tgt` (quadratic fit minus its constant).
+4. Microbenchmarks: Stage-0 latency per token (`s`) and routed-expert latency per distinct expert
+   at 16 rows (`eta`).
+5. `rho` by Dinkelbach iteration, the best static length; write the JSON artifact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from hybridspec.calibration.acceptance import fit_acceptance
+from hybridspec.calibration.artifact import SCHEMA_VERSION, Calibration, current_device_name, fingerprint, runtime_versions
+from hybridspec.calibration.capture import (
+    RoundRecorder,
+    capture_arrays,
+    expert_latency,
+    generate_rounds,
+    mean_round_ms,
+    stage0_latency,
+)
+from hybridspec.calibration.costs import best_static_length, dinkelbach_rho, fit_line, fit_round_cost, routing_tables
+from hybridspec.calibration.prompts import load_prompts, load_tokenizer, render, split_prompts
+from hybridspec.loading import drafter_fingerprint, load_drafter, load_target, target_fingerprint
+from hybridspec.patches import family_of
+from hybridspec.policy import LengthPolicy, prefix_probabilities
+
+MAX_VERIFY = 16
+
+
+def calibrate(target: str, drafter: str, prompts: str, out: str, tokenizer: str | None = None,
+              max_new_tokens: int = 64, device: str = "cpu", lengths=(2, 4, 6, 8, 12, 16), seed: int = 0,
+              ) -> Calibration:
+    """Run the whole calibration (module docstring) and write `out`; returns the artifact."""
+    import hybridspec
+
+    if len(set(lengths)) < 3 or not all(2 <= w <= MAX_VERIFY for w in lengths):
+        raise ValueError(f"lengths must hold at least 3 distinct values in 2..{MAX_VERIFY}, got {lengths}")
+    dev = torch.device(device)
+    model = hybridspec.enable(load_target(target, device))
+    draft = load_drafter(drafter, device, seed=seed)
+    draft.bind(model)
+    W = min(draft.block_size, MAX_VERIFY)
+    lengths = tuple(sorted(w for w in set(lengths) if w <= W))
+    config = family_of(model).text_config(model)
+    tok = load_tokenizer(tokenizer, target, config.vocab_size)
+    calib, _ = split_prompts(load_prompts(prompts), seed=seed)
+    inputs = [render(p, tok).to(dev) for p in calib]
+    # a replay drafter replays the target's own greedy continuation of each prompt
+    replay = drafter.startswith("replay:")
+    continuations = [_greedy(model, ids, max_new_tokens) if replay else None
+                     for ids in tqdm(inputs, desc="target continuations", disable=not replay)]
+    runs = list(zip(inputs, continuations))
+
+    capture = RoundRecorder(dev, config.num_experts)
+    generate_rounds(model, draft, runs, capture, max_new_tokens, W, desc=f"capture (w = {W})")
+    data = capture_arrays(capture, W)
+    acceptance = fit_acceptance(data["confidence"], data["entropy"], data["accepted"], data["valid"])
+
+    round_ms = {W: mean_round_ms(capture)}
+    for w in lengths:
+        if w not in round_ms:
+            rec = RoundRecorder(dev, config.num_experts)
+            generate_rounds(model, draft, runs, rec, max_new_tokens, w, desc=f"timing (w = {w})")
+            round_ms[w] = mean_round_ms(rec)
+    measured = sorted(round_ms)
+    cost = fit_round_cost(measured, [round_ms[w] for w in measured], max_len=W)
+
+    stage0_ms = stage0_latency(model, inputs[0], range(1, W + 1))
+    s, _, s_r = fit_line(list(stage0_ms), list(stage0_ms.values()))
+    k = config.num_experts_per_tok
+    counts = sorted({min(config.num_experts, c) for c in np.linspace(k, min(config.num_experts, 16 * k), 8).astype(int)})
+    expert_ms = expert_latency(model, counts)
+    eta, _, eta_r = fit_line(list(expert_ms), list(expert_ms.values()))
+
+    valid = data["full_valid"]
+    nbar, nbar_given = routing_tables(data["distinct_all"][valid], data["new_layer0"][valid], top_k=k)
+
+    conf = torch.as_tensor(data["confidence"][data["valid"]])
+    ent = torch.as_tensor(data["entropy"][data["valid"]])
+    accepted = torch.as_tensor(data["accepted"][data["valid"]])
+    prefix = prefix_probabilities(acceptance.predict(conf, ent))  # [R, D]
+    # gains[r, w - 1] = 1 + p_1 + .. + p_{w-1}; tokens[r, w - 1] = min(A, w - 1) + 1
+    gains = 1 + torch.cat([prefix.new_zeros(len(prefix), 1), prefix.cumsum(-1)], -1)[:, :W]
+    tokens = torch.minimum(accepted[:, None], torch.arange(W)[None]) + 1
+    rho = dinkelbach_rho(gains.numpy(), cost.cost, cost.fixed_ms)
+    static = best_static_length(tokens.numpy(), cost.cost, cost.fixed_ms)
+    mean_w = float(LengthPolicy(cost=cost.cost, rho=rho).select(acceptance.predict(conf, ent), W).float().mean()) \
+        if len(conf) else None
+
+    result = Calibration(
+        schema_version=SCHEMA_VERSION, target_fingerprint=target_fingerprint(model),
+        drafter_fingerprint=drafter_fingerprint(draft), device_name=current_device_name(dev), versions=runtime_versions(),
+        block_size=W, acceptance=acceptance, cost=cost.cost, fixed_ms=cost.fixed_ms, stage0_slope_ms=s,
+        eta_ms=eta, top_k=k, nbar=nbar, nbar_given=nbar_given, rho=rho, static_length=static,
+        summary=dict(
+            prompts=len(calib), rounds=len(data["accepted"]), valid_rounds=int(data["valid"].sum()),
+            mean_acceptance_length=float(np.mean(data["accepted"][data["valid"]]) + 1) if data["valid"].any() else None,
+            round_ms=_keyed(round_ms), stage0_ms=_keyed(stage0_ms), stage0_r=s_r, expert_ms=_keyed(expert_ms), eta_r=eta_r,
+            mean_predicted_w=mean_w, max_new_tokens=max_new_tokens, seed=seed, drafter=drafter,
+        ),
+    )
+    result.save(out)
+    _print_summary(result)
+    return result
+
+
+def _keyed(table: dict) -> dict[str, float]:
+    # JSON object keys are strings; lengths and expert counts are stored as their decimal text
+    return {str(int(k)): float(v) for k, v in table.items()}
+
+
+@torch.inference_mode()
+def _greedy(model, ids, max_new_tokens):
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, ids.shape[1]:]
+
+
+def _print_summary(c: Calibration) -> None:
+    s = c.summary
+    print(f"calibration: {s['prompts']} prompts, {s['valid_rounds']} of {s['rounds']} capture rounds used")
+    print(f"rho = {c.rho:.4f} tokens/ms; fixed round cost {c.fixed_ms:.3f} ms; best static length {c.static_length}")
+    print("C_tgt(w) ms: " + " ".join(f"{w}:{t:.3f}" for w, t in enumerate(c.cost, start=1)))
+    print(f"s = {c.stage0_slope_ms:.4f} ms/token (r = {s['stage0_r']:.3f}); "
+          f"eta = {c.eta_ms:.4f} ms/expert (r = {s['eta_r']:.3f})")
+    if s["mean_predicted_w"] is not None:
+        print(f"mean predicted w on the calibration rounds = {s['mean_predicted_w']:.2f}")

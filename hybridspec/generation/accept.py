@@ -1,0 +1,79 @@
+"""The accept stage of a round: which verified positions to keep and the token that follows them.
+
+The target scored `w` positions: position i predicts the token after `(x_0, d_1, .., d_i)`. With
+`processed` the logits after transformers' processors and warpers at every position, and `draft`
+holding `d_1 .. d_{w-1}`, both rules return
+
+    tokens [B, w]: tokens[:, :A] = d_1 .. d_A, tokens[:, A] = x_new, later columns arbitrary
+    accepted [B]:  A, the number of leading drafts kept (0 .. w - 1)
+
+on the device, with no host read and a fixed amount of random draws per round.
+
+Greedy: `A` = longest prefix with `d_i == argmax`; `x_new` = the argmax at position A.
+
+Sampling, the point-mass rule: the drafts are the drafter's top-1 tokens, a point mass at `d_i`,
+so speculative sampling's `min(1, p_t / p_d)` becomes `p_t(d_i)`. Accept `d_i` with probability
+`p_t(d_i)`; at the first rejection sample `x_new` from `p_t` with `d_i` removed and renormalised;
+after the last draft sample the bonus `x_new` from `p_t`. Each emitted token then has exactly the
+target's processed distribution given the tokens before it, whatever `w` was chosen before the
+draws, so the output distribution is that of target-only sampling (not its tokens for a seed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def process_positions(logits_processor, seq: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Logits `[B, w, V]` of the w verified positions after `logits_processor`; position i sees the
+    context `cat(seq, draft[:, :i])`, the sequence target-only decoding would hold there if
+    d_1 .. d_i are accepted. Returns `[B, w, V]`."""
+    w = logits.shape[1]
+    return torch.stack(
+        [logits_processor(torch.cat([seq, draft[:, :i]], dim=-1), logits[:, i]) for i in range(w)], dim=1
+    )
+
+
+def _accepted(keep: torch.Tensor) -> torch.Tensor:
+    """`keep` bool `[B, w - 1]`: draft i passes its test -> A `[B]`, the length of the passing prefix."""
+    return keep.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def _take_drafts(draft: torch.Tensor, new: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+    """Columns before A from `draft`, the rest from `new` `[B, w]`."""
+    w = new.shape[1]
+    column = torch.arange(w, device=new.device)
+    padded = torch.cat([draft[:, : w - 1], new[:, w - 1 :]], dim=-1)
+    return torch.where(column < accepted[:, None], padded, new)
+
+
+def greedy_accept(processed: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification of `processed` `[B, w, V]` against `draft` `[B, >= w - 1]`."""
+    w = processed.shape[1]
+    best = processed.argmax(dim=-1)  # [B, w]
+    accepted = _accepted(best[:, : w - 1] == draft[:, : w - 1])
+    # where the drafts are kept they equal the argmax, so the argmax row is the answer
+    return best, accepted
+
+
+def sample_accept(processed: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The point-mass rule on `processed` `[B, w, V]` against `draft` `[B, >= w - 1]`, drawing from
+    torch's global generator (so `torch.manual_seed` reproduces a run)."""
+    B, w, _ = processed.shape
+    d = draft[:, : w - 1]
+    # the distribution transformers samples from: softmax of the processed scores, -inf -> 0
+    probs = processed.float().softmax(dim=-1)  # [B, w, V]
+    p_draft = probs[:, : w - 1].gather(-1, d[..., None]).squeeze(-1)  # [B, w - 1]
+    # u < p is never true for p = 0 and always true for p = 1 (u is in [0, 1))
+    uniform = torch.rand(B, w - 1, device=processed.device)
+    accepted = _accepted(uniform < p_draft)
+    # the residual at position i < w - 1 removes d_{i+1}; the last position keeps p_t for the bonus
+    residual = probs.clone()
+    residual[:, : w - 1].scatter_(-1, d[..., None], 0.0)
+    # exponential race: argmax_j r_j / E_j with E_j ~ Exp(1) is distributed as r / sum(r), so no
+    # renormalisation, no host sync; an all-zero residual (p_t(d) = 1, never used) gives index 0
+    race = torch.empty_like(residual).exponential_()
+    # E = 0 would make 0 / 0 = NaN for a token of zero probability, and argmax prefers NaN
+    race.clamp_(min=torch.finfo(race.dtype).tiny)
+    new = (residual / race).argmax(dim=-1)  # [B, w]
+    return _take_drafts(d, new, accepted), accepted
