@@ -30,6 +30,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hybridspec.calibration.acceptance import SKLEARN_HINT
+
 
 @dataclass(frozen=True)
 class RoundCost:
@@ -43,11 +45,18 @@ class RoundCost:
 
 
 def fit_round_cost(lengths, mean_round_ms, max_len: int | None = None) -> RoundCost:
-    """Least-squares quadratic through the measured mean round times.
+    """Least-squares quadratic through the measured mean round times, with `a1, a2 >= 0`.
 
     `lengths` `[M]` verified lengths w, `mean_round_ms` `[M]` their mean round time (ms); at least
     three distinct lengths. `max_len` = W, the longest length of the cost curve (default: the
-    longest measured)."""
+    longest measured). Verifying more tokens never costs less, but where rounds are launch-bound
+    (small models, any GPU) the times are flat within noise and an unconstrained quadratic can
+    turn down or go negative; the constraint keeps `C_tgt` non-negative and non-decreasing."""
+    try:
+        from sklearn.linear_model import LinearRegression
+    except ImportError as e:
+        raise ImportError(SKLEARN_HINT) from e
+
     w = np.asarray(lengths, dtype=np.float64).reshape(-1)
     t = np.asarray(mean_round_ms, dtype=np.float64).reshape(-1)
     if w.shape != t.shape:
@@ -61,15 +70,13 @@ def fit_round_cost(lengths, mean_round_ms, max_len: int | None = None) -> RoundC
     W = int(max_len) if max_len is not None else int(w.max())
     if W < 1:
         raise ValueError(f"fit_round_cost: max_len must be at least 1, got {W}")
-    V = np.stack([np.ones_like(w), w, w * w], axis=1)
-    a, *_ = np.linalg.lstsq(V, t, rcond=None)
-    rms = float(np.sqrt(np.mean((V @ a - t) ** 2)))
+    V = np.stack([w, w * w], axis=1)
+    fit = LinearRegression(positive=True).fit(V, t)
+    a = (float(fit.intercept_), float(fit.coef_[0]), float(fit.coef_[1]))
+    rms = float(np.sqrt(np.mean((fit.predict(V) - t) ** 2)))
     ws = np.arange(1, W + 1, dtype=np.float64)
     cost = a[1] * ws + a[2] * ws * ws
-    return RoundCost(
-        coefficients=(float(a[0]), float(a[1]), float(a[2])), fixed_ms=float(a[0]),
-        cost=tuple(float(c) for c in cost), rms_residual_ms=rms,
-    )
+    return RoundCost(coefficients=a, fixed_ms=a[0], cost=tuple(float(c) for c in cost), rms_residual_ms=rms)
 
 
 def fit_line(x, y) -> tuple[float, float, float]:

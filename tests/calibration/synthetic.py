@@ -1,8 +1,11 @@
-"""Synthetic drafting rounds with known acceptance probabilities."""
+"""Synthetic drafting rounds with known acceptance probabilities, and a synthetic calibration."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from hybridspec.calibration import AcceptanceModel, Calibration, current_device_name, runtime_versions
+from hybridspec.loading import drafter_fingerprint, target_fingerprint
 
 
 def logit(p):
@@ -32,3 +35,25 @@ def synthetic_rounds(R: int, D: int, seed: int, slope: float = 2.0):
     ok = rng.random((R, D)) < c
     accepted = np.where(ok.all(1), D, np.argmin(ok, axis=1))
     return conf, entropy, accepted, c
+
+
+W, TOP_K = 16, 2
+
+
+def synthetic_calibration(model, drafter, **overrides) -> Calibration:
+    """A calibration whose correction often adds a token, and does so depending on n_new: c_i is
+    the raw confidence, C(w) = 0.1 w ms, rho = 2 (w0 extends while p_i > 0.2); Stage 0 saves
+    0.08 ms per token and each new Layer-0 expert beyond the first costs 0.01 ms."""
+    identity = ((0.0, 1.0),) * (W - 1)
+    fields = dict(
+        target_fingerprint=target_fingerprint(model), drafter_fingerprint=drafter_fingerprint(drafter),
+        device_name=current_device_name(model.device), versions=runtime_versions(), block_size=W,
+        acceptance=AcceptanceModel(iso_x=identity, iso_y=identity, n_labels=(100,) * (W - 1), coef=None,
+                                   intercept=None, mean=None, scale=None),
+        cost=tuple(0.1 * w for w in range(1, W + 1)), fixed_ms=1.0, stage0_slope_ms=0.08, eta_ms=0.01,
+        top_k=TOP_K, nbar=tuple(float(3 * w) for w in range(W)),
+        nbar_given=tuple(tuple(3.0 * w + n - 1 for n in range(TOP_K + 1)) for w in range(W)),
+        rho=2.0, static_length=6,
+    )
+    fields.update(overrides)
+    return Calibration(**fields)

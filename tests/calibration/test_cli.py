@@ -44,6 +44,7 @@ def test_calibrate_then_generate(tmp_path, capsys):
     assert calib.summary["valid_rounds"] > 0
     # measured lengths are those asked for (the capture gives w = 16)
     assert sorted(calib.summary["round_ms"]) == ["16", "2", "8"]
+    assert list(calib.cost) == sorted(calib.cost) and calib.cost[0] >= 0
 
     model = hybridspec.enable(load_target(tmp_path / "target", "cpu"))
     replay = load_drafter(f"replay:{tmp_path / 'drafter'}", "cpu", seed=7)

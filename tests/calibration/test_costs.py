@@ -31,6 +31,13 @@ def test_fit_round_cost_recovers_a_quadratic():
     assert len(fit_round_cost([2, 3, 4], [1.0, 2.0, 3.0], max_len=16).cost) == 16
 
 
+def test_fit_round_cost_never_decreases():
+    # launch-bound rounds: flat times with noise that an unconstrained quadratic bends downwards
+    fit = fit_round_cost([2, 8, 16], [43.0, 41.3, 42.0])
+    assert all(c >= 0 for c in fit.cost) and list(fit.cost) == sorted(fit.cost)
+    assert fit.fixed_ms == pytest.approx(42.1, abs=1.0)
+
+
 def test_fit_round_cost_needs_three_distinct_lengths():
     with pytest.raises(ValueError, match="3 distinct lengths"):
         fit_round_cost([4, 4, 8], [1.0, 1.1, 2.0])

@@ -6,7 +6,9 @@ import torch
 import hybridspec
 import hybridspec.experts
 from hybridspec.generation.drafting import ScriptedReplayDrafter
+from hybridspec.generation.replay import ReplayDrafter
 from hybridspec.tiny import tiny_drafter
+from tests.calibration.synthetic import synthetic_calibration
 from tests.models import qwen3_next_causal_lm, qwen35_causal_lm
 
 
@@ -24,3 +26,22 @@ def test_cuda_generation_equals_target_only(build, experts):
         got = model.generate(prompt, max_new_tokens=48, do_sample=False, eos_token_id=None, assistant_model=drafter,
                              hybridspec=True, verify_length=w)
         assert torch.equal(got, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["hybridspec", "no_two_stage", "evict"])
+def test_cuda_calibrated_policies_equal_target_only(policy):
+    """Stage 0 / Stage 1 and the device-side correction on CUDA tensors."""
+    hybridspec.experts.register()
+    model = qwen35_causal_lm(seed=4).cuda()
+    prompt = torch.arange(3, 14, device="cuda")[None]
+    ref = model.generate(prompt, max_new_tokens=48, do_sample=False, eos_token_id=None)
+    hybridspec.enable(model)
+    replay = ReplayDrafter(tiny_drafter().cuda(), ref[0, 11:], seed=3)
+    calibration = synthetic_calibration(model, replay)
+    out = model.generate(prompt, max_new_tokens=48, do_sample=False, eos_token_id=None, assistant_model=replay,
+                         hybridspec=True, policy=policy, calibration=calibration, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    stats = out.hybridspec_stats
+    if policy != "evict":
+        assert any(w == w0 + 1 for w, w0 in zip(stats.verify_lengths, stats.nominal_lengths))
