@@ -7,13 +7,18 @@ selected experts' bytes at the device-to-device copy bandwidth measured in this 
 written). Every sample picks a fresh random set of experts and the L2 is flushed before it, so no
 sample finds its weights in L2. Fit latency = a + eta * U per path; report eta and Pearson r.
 
-    python benchmarks/bench_moe.py [--out bench_out/moe.json] [--config gate_up_block_i=64,...]
-    python benchmarks/bench_moe.py --sweep     # tile/warp sweep, then the full run with the best
+    python benchmarks/bench_moe.py [--out bench_out/moe.json] [--config gate_up_block_i=64,pdl=0,...]
+    python benchmarks/bench_moe.py --sweep     # pdl/tile/warp/stage sweep, then the full run with the best
+
+The table times the chosen config (`hybridspec`) and, next to it, the MoEKernelConfig defaults with
+programmatic dependent launch off (`hybridspec_nopdl`). Every config is checked against the naive
+twin before it is timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -32,6 +37,8 @@ from hybridspec.ops import moe_experts, naive_moe  # noqa: E402
 
 E, H, I, K = 256, 2048, 512, 8
 U_LIST = (8, 16, 32, 64, 96, 128)
+# cases whose error vs the naive twin the full run reports
+CHECK_CASES = ((16, 64), (16, 8), (1, 8))
 # gate, up and down of one expert in bf16: 6.29 MB
 EXPERT_BYTES = 3 * H * I * 2
 
@@ -92,6 +99,8 @@ class Bench:
         self.hidden = {rows: torch.randn(rows, H, generator=gen).to(torch.bfloat16).cuda() for rows in (1, 16)}
         # bytes/s, read + written
         self.bw = copy_bandwidth_gbs() * 1e9
+        # case -> the naive twin's output on the case's first sample
+        self.refs = {}
 
     def bound_us(self, U):
         return U * EXPERT_BYTES / self.bw * 1e6
@@ -114,17 +123,25 @@ class Bench:
         nt = torch.tensor([hidden.shape[0]], device="cuda")
         return lambda: moe_experts(hidden, ids, w, self.gate_up, self.down, num_tokens=nt)
 
-    def check(self):
-        """Kernel vs naive twin (and vs transformers' grouped_mm) at the full shape, before timing."""
+    def check(self, cfg: dict, cases=CHECK_CASES, vs_transformers: bool = False) -> dict:
+        """Relative error of the op under `cfg` vs the naive twin on each case's first sample (an
+        AssertionError past 1e-2; the first call also compiles) and, informational, vs transformers'
+        grouped_mm."""
         errs = {}
-        for case in ((16, 64), (16, 8), (1, 8)):
+        for case in cases:
             ids, w = self.samples[case][0]
             x = self.hidden[case[0]]
-            out = moe_experts(x, ids, w, self.gate_up, self.down).float()
-            ref = naive_moe.moe_experts(x, ids, w, self.gate_up, self.down).float()
+            with use_config(cfg):
+                out = moe_experts(x, ids, w, self.gate_up, self.down).float()
+            if case not in self.refs:
+                self.refs[case] = naive_moe.moe_experts(x, ids, w, self.gate_up, self.down).float()
+            ref = self.refs[case]
             key = f"{case[0]}x{case[1]}"
             errs[key] = {"vs_naive": ((out - ref).norm() / ref.norm()).item()}
-            assert errs[key]["vs_naive"] < 1e-2, errs
+            if not errs[key]["vs_naive"] < 1e-2:
+                raise AssertionError(f"rel err {errs[key]['vs_naive']:.2e} vs naive at {key}")
+            if not vs_transformers:
+                continue
             # informational: transformers rounds gate and up to bf16 separately
             try:
                 tf = transformers_experts(self.gate_up, self.down, "grouped_mm")(x, ids, w).float()
@@ -139,66 +156,171 @@ def fit(us, lat):
     return {"a_us": float(a), "eta_us_per_expert": float(eta), "pearson_r": float(np.corrcoef(us, lat)[0, 1])}
 
 
-def apply_config(cfg: dict):
-    for k, v in cfg.items():
-        setattr(moe_mod.KERNEL_CONFIG, k, int(v))
+_BOOLS = {"0": False, "1": True, "false": False, "true": True, "off": False, "on": True}
 
 
-def sweep(bench: Bench, samples: int):
-    """Greedy sweep: gate/up tiles and warps, then down tiles and warps, then pipeline stages.
-    Score: the worst latency / bytes-bound ratio over a few cases."""
-    cases = [c for c in ((16, 8), (16, 64), (16, 128), (1, 8)) if c in bench.samples]
-    phases = [
-        {"gate_up_block_i": (16, 32, 64), "gate_up_block_h": (64, 128, 256), "gate_up_warps": (2, 4, 8)},
-        {"down_block_h": (32, 64, 128), "down_block_i": (64, 128, 256), "down_warps": (2, 4, 8)},
-        {"num_stages": (1, 2, 3, 4, 5)},
-    ]
-    best = dataclasses.asdict(moe_mod.KERNEL_CONFIG)
+def parse_config(text: str) -> dict:
+    """`k=v,k=v` into MoEKernelConfig overrides, each value of its field's type (bools: 0/1, on/off)."""
+    defaults = dataclasses.asdict(moe_mod.MoEKernelConfig())
+    out = {}
+    for kv in filter(None, text.split(",")):
+        k, _, v = kv.partition("=")
+        if k not in defaults:
+            raise SystemExit(f"unknown MoEKernelConfig field {k!r}; fields: {list(defaults)}")
+        if isinstance(defaults[k], bool):
+            if v.lower() not in _BOOLS:
+                raise SystemExit(f"{k} takes one of {list(_BOOLS)}, got {v!r}")
+            out[k] = _BOOLS[v.lower()]
+        else:
+            out[k] = type(defaults[k])(v)
+    return out
+
+
+def config_arg(cfg: dict) -> str:
+    """`--config` value for `cfg`: the fields that differ from MoEKernelConfig's defaults."""
+    defaults = dataclasses.asdict(moe_mod.MoEKernelConfig())
+    return ",".join(f"{k}={int(v)}" for k, v in cfg.items() if defaults[k] != v) or "(defaults)"
+
+
+@contextlib.contextmanager
+def use_config(cfg: dict):
+    """KERNEL_CONFIG is `cfg` inside the block (the op reads it at every call, so around capture)."""
+    saved = moe_mod.KERNEL_CONFIG
+    moe_mod.KERNEL_CONFIG = moe_mod.MoEKernelConfig(**cfg)
+    try:
+        yield
+    finally:
+        moe_mod.KERNEL_CONFIG = saved
+
+
+def with_config(cfg: dict, make_fn):
+    """`make_fn` whose calls (warm-up and capture) run under `cfg`."""
+    def make(x, ids, w):
+        fn = make_fn(x, ids, w)
+
+        def run():
+            with use_config(cfg):
+                return fn()
+        return run
+    return make
+
+
+def grid(**axes) -> list[dict]:
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+# Greedy phases, each on top of the best config so far: pdl on the defaults first (the previous
+# defaults without it are the table's `hybridspec_nopdl`), then the tiles, and pdl again at the best
+# tiles. About 60 configs at ~1 s each (compile, check, capture, 20 samples per case) on an H200.
+SWEEP_PHASES = [
+    ("pdl", grid(pdl=(False, True))),
+    ("gate/up", grid(gate_up_block_i=(32, 64, 128), gate_up_block_h=(128, 256, 512), gate_up_warps=(2, 4, 8))),
+    ("down", grid(down_block_h=(32, 64, 128), down_block_i=(64, 128, 256), down_warps=(2, 4, 8))),
+    ("stages", grid(num_stages=(2, 3, 4))),
+    ("reduce", grid(reduce_block_h=(256, 1024, 2048))),
+    ("pdl at the best tiles", grid(pdl=(False, True))),
+]
+SWEEP_CASES = ((16, 8), (16, 32), (16, 128), (1, 8))
+
+
+def sweep(bench: Bench, samples: int, budget_s: float):
+    """Greedy sweep of SWEEP_PHASES from the current config. Score: the worst latency / bytes-bound
+    ratio over SWEEP_CASES.
+
+    Each config first runs eagerly on one sample per case and must match the naive twin (this also
+    compiles it); a config that fails to compile (e.g. out of shared memory), to match, or to capture
+    into a CUDA graph is reported and skipped. No config starts after `budget_s` seconds (the ones
+    left are counted and reported), so the sweep's time stays bounded."""
+    t0 = time.time()
+    cases = [c for c in SWEEP_CASES if c in bench.samples]
     results = []
-    for phase in phases:
-        scored = []
-        for values in itertools.product(*phase.values()):
-            cfg = {**best, **dict(zip(phase.keys(), values))}
-            apply_config(cfg)
-            try:
-                lat = [bench.measure(c, bench.ours, samples=bench.samples[c][:samples])[0] for c in cases]
-            # e.g. out of shared memory
-            except Exception as exc:
-                print(f"  {dict(zip(phase.keys(), values))}: failed ({type(exc).__name__}: {str(exc)[:80]})")
-                continue
-            score = max(t / bench.bound_us(c[1]) for t, c in zip(lat, cases))
-            scored.append((score, cfg))
-            results.append({"config": cfg, "latency_us": dict(zip(map(str, cases), lat)), "score": score})
-            print(f"  score {score:5.2f}  " + " ".join(f"{t:7.1f}" for t in lat) + f"  {dict(zip(phase.keys(), values))}")
-        best = min(scored, key=lambda s: s[0])[1] if scored else best
-    apply_config(best)
-    print("best config: --config " + ",".join(f"{k}={v}" for k, v in best.items()))
-    return {"cases": [str(c) for c in cases], "results": results, "best": best}
+    # phase -> configs not run (budget spent)
+    not_run = {}
+    best_score, best = float("inf"), dataclasses.asdict(moe_mod.KERNEL_CONFIG)
+    scores = {}
+
+    def score_of(cfg: dict) -> float | None:
+        try:
+            bench.check(cfg, cases)
+            lat = []
+            for c in cases:
+                t, mode = bench.measure(c, with_config(cfg, bench.ours), samples=bench.samples[c][:samples])
+                if mode != "graph":
+                    raise RuntimeError(f"not captured: {mode}")
+                lat.append(t)
+        # compile (out of resources), wrong result or capture failure: report and go on
+        except Exception as exc:
+            msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+            print(f"  failed  {config_arg(cfg)}  ({msg})")
+            results.append({"config": cfg, "failed": msg})
+            torch.cuda.synchronize()
+            return None
+        score = max(t / bench.bound_us(c[1]) for t, c in zip(lat, cases))
+        results.append({"config": cfg, "latency_us": dict(zip(map(str, cases), lat)), "score": score})
+        print(f"  score {score:5.2f}  " + " ".join(f"{t:7.1f}" for t in lat) + f"  {config_arg(cfg)}")
+        return score
+
+    print(f"sweep cases (rows, U): {cases}; score = max latency / bytes bound; latencies in us")
+    for name, overrides in SWEEP_PHASES:
+        # a config run in an earlier phase keeps its score
+        todo = [cfg for cfg in ({**best, **o} for o in overrides) if tuple(cfg.items()) not in scores]
+        print(f"phase {name}: {len(todo)} configs, from {time.time() - t0:.0f} s")
+        for i, cfg in enumerate(todo):
+            if time.time() - t0 > budget_s:
+                not_run[name] = len(todo) - i
+                print(f"  budget of {budget_s:.0f} s spent: {len(todo) - i} configs of this phase not run")
+                break
+            score = scores[tuple(cfg.items())] = score_of(cfg)
+            if score is not None and score < best_score:
+                best_score, best = score, cfg
+    print(f"sweep took {time.time() - t0:.0f} s ({len(results)} configs)")
+    if best_score == float("inf"):
+        print("sweep: no config ran; keeping the current one")
+        return {"cases": [str(c) for c in cases], "results": results, "best": None, "not_run": not_run}
+    for k, v in best.items():
+        setattr(moe_mod.KERNEL_CONFIG, k, v)
+    print(f"best config (score {best_score:.2f}): --config {config_arg(best)}")
+    return {
+        "cases": [str(c) for c in cases],
+        "results": results,
+        "best": best,
+        "best_score": best_score,
+        "not_run": not_run,
+        "seconds": time.time() - t0,
+    }
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench_out/moe.json")
     p.add_argument("--samples", type=int, default=40, help="routing samples per case (median of them)")
-    p.add_argument("--config", default="", help="kernel config overrides, e.g. gate_up_block_i=64,down_warps=8")
-    p.add_argument("--sweep", action="store_true", help="sweep tiles/warps first, then run with the best")
+    p.add_argument("--config", default="", help="kernel config overrides, e.g. gate_up_block_i=64,pdl=0")
+    p.add_argument("--sweep", action="store_true", help="sweep pdl/tiles/warps/stages first, then run with the best")
+    p.add_argument("--sweep-budget", type=float, default=80.0,
+                   help="seconds after which the sweep starts no new config (the full run follows)")
     p.add_argument("--skip-transformers", action="store_true")
     args = p.parse_args()
     t0 = time.time()
-    if args.config:
-        apply_config(dict(kv.split("=") for kv in args.config.split(",")))
+    for k, v in parse_config(args.config).items():
+        setattr(moe_mod.KERNEL_CONFIG, k, v)
     bench = Bench(max(args.samples, 30))
     report = {"env": env_info(), "copy_bw_TBps": bench.bw / 1e12}
     env = report["env"]
     print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}  transformers {env['transformers']}  "
           f"copy bandwidth {bench.bw / 1e12:.2f} TB/s (read+write)")
     if args.sweep:
-        report["sweep"] = sweep(bench, samples=20)
+        report["sweep"] = sweep(bench, samples=20, budget_s=args.sweep_budget)
     report["config"] = dataclasses.asdict(moe_mod.KERNEL_CONFIG)
-    report["correctness"] = bench.check()
+    print(f"config: --config {config_arg(report['config'])}")
+    nopdl = dataclasses.asdict(moe_mod.MoEKernelConfig(pdl=False))
+    report["correctness"] = bench.check(report["config"], vs_transformers=True)
+    report["correctness_nopdl"] = bench.check(nopdl)
     print("correctness (rel err):", json.dumps(report["correctness"]))
 
-    paths = {"hybridspec": bench.ours}
+    paths = {
+        "hybridspec": with_config(report["config"], bench.ours),
+        "hybridspec_nopdl": with_config(nopdl, bench.ours),
+    }
     if not args.skip_transformers:
         for impl in ("batched_mm", "grouped_mm"):
             experts = transformers_experts(bench.gate_up, bench.down, impl)
@@ -222,7 +344,7 @@ def main():
     us = np.array([r["U"] for r in sixteen], dtype=float)
     report["fit_16_rows"] = {n: fit(us, np.array([r[n + "_us"] for r in sixteen])) for n in names}
     for n, f in report["fit_16_rows"].items():
-        print(f"fit {n:>10}: latency = {f['a_us']:.1f} us + {f['eta_us_per_expert']:.3f} us/expert * U, r = {f['pearson_r']:.4f}")
+        print(f"fit {n:>16}: latency = {f['a_us']:.1f} us + {f['eta_us_per_expert']:.3f} us/expert * U, r = {f['pearson_r']:.4f}")
     one = next(r for r in rows if r["rows"] == 1)
     report["targets"] = {
         "max_ratio_16_rows (<= 1.5)": max(r["ratio"] for r in sixteen),

@@ -184,7 +184,7 @@ def default_policy(name: str, max_len: int) -> AdaptivePolicy:
             "drafter confidence, linear cost). Lengths adapt per round but are not tuned to this model or GPU, "
             "and the routing correction and two-stage verification (which need calibration) are off; run "
             "`hybridspec calibrate` and pass generate(..., calibration=path).",
-            stacklevel=3,
+            stacklevel=4,
         )
         _warned = True
     return AdaptivePolicy(name, LengthPolicy.builtin_default(max_len))

@@ -77,3 +77,18 @@ def sample_accept(processed: torch.Tensor, draft: torch.Tensor) -> tuple[torch.T
     race.clamp_(min=torch.finfo(race.dtype).tiny)
     new = (residual / race).argmax(dim=-1)  # [B, w]
     return _take_drafts(d, new, accepted), accepted
+
+
+def read_accepted(accepted: torch.Tensor, processed: torch.Tensor, sampling: bool) -> int:
+    """The host read of the eager loop: A of batch row 0. When sampling, the same read also checks
+    that no emitted position (0..A) has an empty distribution (every score -inf, or NaN), where
+    transformers' sampler raises rather than emit a token; greedy picks a token as argmax does."""
+    if not sampling:
+        return int(accepted[0])
+    empty = processed[0].amax(-1).isneginf() | processed[0].isnan().any(-1)  # [w]
+    first_empty = torch.where(empty.any(), empty.int().argmax(), empty.numel())
+    kept, first_empty = torch.stack([accepted[0], first_empty]).tolist()
+    if first_empty <= kept:
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0: every token of a "
+                           "sampled position was masked (all processed scores -inf or NaN)")
+    return kept

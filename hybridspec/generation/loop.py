@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from hybridspec.generation.accept import greedy_accept, process_positions, sample_accept
+from hybridspec.generation.accept import greedy_accept, process_positions, read_accepted, sample_accept
 from hybridspec.generation.options import HybridSpecOptions
 from hybridspec.patches import family_of
 from hybridspec.generation.verify import Verifier
@@ -93,7 +93,8 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
     # the prefill's last position is a round of one position with no drafts: its token is the bonus
     no_draft = input_ids[:, :0]
     processed = process_positions(logits_processor, seq, no_draft, logits[:, None])
-    tokens, _ = accept(processed, no_draft)
+    tokens, accepted = accept(processed, no_draft)
+    read_accepted(accepted, processed, generation_config.do_sample)
     anchor = tokens[:, :1]
     done = emit(anchor, processed[:, 0], logits)
     lm_head = model.get_output_embeddings()
@@ -107,7 +108,7 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
         processed = process_positions(logits_processor, seq, draft, logits)  # [B, w, V]
         tokens, accepted = accept(processed, draft)
         # emitting appends to the host-side sequence one token at a time, so it reads A here
-        kept = int(accepted[0])
+        kept = read_accepted(accepted, processed, generation_config.do_sample)
         for i in range(kept + 1):
             if emit(tokens[:, i : i + 1], processed[:, i], logits[:, i]):
                 # a stop inside the block ends generation there, as it would end target-only decoding

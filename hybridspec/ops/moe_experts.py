@@ -15,6 +15,9 @@ weights are read once per call however many rows chose it, without sorting or ho
 3. `moe_reduce_kernel`, grid (T, H / BN): `out[r] = sum_j w[r, j] * y[r, j]` over valid
    assignments, in the fixed order j = 0..k-1 (deterministic, no atomics), cast to the output dtype.
 
+With USE_PDL (programmatic dependent launch, sm90+) the host launches kernels 2 and 3 early: each
+signals its dependent at once and waits (`gdc_wait`) before reading what the previous kernel wrote.
+
 Block sizes divide H and I (the host picks them), so no load along a weight row is masked and the
 loads vectorise. Accumulation is fp32; the SwiGLU output is rounded to the weight dtype before the
 down projection so 16-bit weights go to the tensor cores directly (transformers rounds it too).
@@ -61,9 +64,13 @@ def moe_gate_up_kernel(
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     slot = tl.program_id(0)
     i_n = tl.program_id(1)
+    # the down kernel may launch now: it waits for this grid before reading h
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     n, e, lead = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS)
     if lead:
         rows = tl.arange(0, BM)
@@ -102,10 +109,15 @@ def moe_down_kernel(
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     slot = tl.program_id(0)
     i_n = tl.program_id(1)
     n, e, lead = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS)
+    # every program waits, leader or not, so this grid never completes before gate/up has
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     if lead:
         rows = tl.arange(0, BM)
         # this program's columns of H; down_proj[e] is [H, I]
@@ -131,9 +143,12 @@ def moe_reduce_kernel(
     y_ptr, ids_ptr, wt_ptr, num_tokens_ptr, out_ptr,
     T, E, row_off, s_wt, s_wk, s_ot,
     H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr,
-    INTERPRET_BF16: tl.constexpr,
+    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     r = tl.program_id(0)
+    # y is the down kernel's output
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     n = T
     if HAS_NUM_TOKENS:

@@ -8,7 +8,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from hybridspec.ops import moe as moe_mod
 from hybridspec.ops import moe_experts, naive_moe
+from hybridspec.ops.dispatch import TRITON_INTERPRET
+from hybridspec.ops.moe import MoEKernelConfig
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
 from tests.ops.moe_inputs import MoECase, make_inputs, moe_cases
@@ -115,6 +118,65 @@ def test_num_tokens_forms_and_determinism(device):
     assert torch.equal(a, b)
     clean = tuple(x[:3] for x in (hidden, ids, wts))
     assert torch.equal(a[:3], moe_experts(*clean, gate_up, down))
+
+
+# a verification window with NaN rows past num_tokens, three pieces sharing the scratch buffers, an AR step
+PDL_CASES = [
+    MoECase(T=16, K=8, E=16, H=64, I=32, dtype=torch.bfloat16, routing="repeat", n=13, seed=9),
+    MoECase(T=37, K=2, E=6, H=32, I=16, dtype=torch.float32, routing="random", n=35, seed=10),
+    MoECase(T=1, K=8, E=12, H=48, I=16, dtype=torch.float32, routing="random", n=None, seed=11),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True], ids=["pdl_off", "pdl_on"])
+@pytest.mark.parametrize("case", PDL_CASES, ids=["window-bf16", "pieces-fp32", "one_row"])
+def test_pdl_on_and_off(monkeypatch, pdl, case):
+    """Compiled kernels with and without programmatic dependent launch (on only on sm90+): same
+    launches, each kernel waits for the output it reads (the scratch is NaN-poisoned), same bits
+    every call."""
+    monkeypatch.setattr(moe_mod, "KERNEL_CONFIG", MoEKernelConfig(pdl=pdl))
+    a, args = _run(case, "cuda")
+    b, _ = _run(case, "cuda")
+    assert torch.equal(a, b)
+    ref = naive_moe.moe_experts(*(None if x is None else x.cpu() for x in args))
+    assert_rel(a.cpu().float(), ref.float(), OUT_TOL[case.dtype], "out vs naive")
+    _check_past_rows_zero(a.cpu(), case.n)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(TRITON_INTERPRET, reason="the interpreter copies CUDA tensors to the host, which capture forbids")
+@pytest.mark.parametrize("pdl", [False, True], ids=["pdl_off", "pdl_on"])
+def test_cuda_graph_replays_new_inputs(monkeypatch, pdl):
+    """Captured once and replayed on other routings and lengths, as the benchmark and a decode loop run it."""
+    monkeypatch.setattr(moe_mod, "KERNEL_CONFIG", MoEKernelConfig(pdl=pdl))
+    first = PDL_CASES[0]
+    bufs = make_inputs(first, "cuda")
+    hidden, ids, wts, gate_up, down, nt = bufs
+    # compiles the kernels, which capture cannot
+    moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt)
+    for case in (first, MoECase(**{**first.__dict__, "routing": "one_expert", "n": 6, "seed": 12})):
+        new = make_inputs(case, "cuda")
+        for buf, value in zip(bufs, new):
+            buf.copy_(value)
+        graph.replay()
+        ref = naive_moe.moe_experts(*(x.cpu() for x in new))
+        assert_rel(out.cpu().float(), ref.float(), OUT_TOL[case.dtype], "replayed out vs naive")
+        _check_past_rows_zero(out.cpu(), case.n)
+
+
+@pytest.mark.parametrize("device_type", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_pdl_only_compiled_on_sm90(device_type):
+    """The interpreter (which also runs CUDA tensors) cannot run `gdc_*`: pdl is off there, on CPU
+    and before sm90, whatever the config says."""
+    x = torch.zeros(1, device=device_type)
+    sm90 = device_type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+    assert moe_mod._use_pdl(MoEKernelConfig(pdl=True), x) == (sm90 and not TRITON_INTERPRET)
+    assert not moe_mod._use_pdl(MoEKernelConfig(pdl=False), x)
 
 
 def _small_args(device):
