@@ -45,3 +45,23 @@ def test_cuda_calibrated_policies_equal_target_only(policy):
     stats = out.hybridspec_stats
     if policy != "evict":
         assert any(w == w0 + 1 for w, w0 in zip(stats.verify_lengths, stats.nominal_lengths))
+
+
+@pytest.mark.gpu
+def test_cuda_sampling_is_seeded_and_top_k_one_is_greedy():
+    """The point-mass draws on CUDA tensors: `torch.manual_seed` reproduces them, and a one-token
+    support gives the greedy output."""
+    model = qwen35_causal_lm(seed=4).cuda()
+    prompt = torch.arange(3, 14, device="cuda")[None]
+    greedy = model.generate(prompt, max_new_tokens=32, do_sample=False, eos_token_id=None)
+    hybridspec.enable(model)
+    drafter = ScriptedReplayDrafter(11, greedy[0, 11:], [0, 7, 15, 3])
+    runs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        runs.append(model.generate(prompt, max_new_tokens=32, do_sample=True, temperature=0.8, eos_token_id=None,
+                                   assistant_model=drafter, hybridspec=True, verify_length=8))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    one = model.generate(prompt, max_new_tokens=32, do_sample=True, top_k=1, eos_token_id=None,
+                         assistant_model=drafter, hybridspec=True, verify_length=8)
+    assert torch.equal(one, greedy)
