@@ -1,9 +1,12 @@
 """HybridSpec on the real Qwen3.6-35B-A3B with its DFlash drafter (needs the weights and one GPU).
 
-    python examples/qwen36_35b_a3b.py --target /path/to/Qwen3.6-35B-A3B --drafter /path/to/Qwen3.6-35B-A3B-DFlash
+    python examples/qwen36_35b_a3b.py --target /path/to/Qwen3.6-35B-A3B --drafter /path/to/Qwen3.6-35B-A3B-DFlash \
+        [--calibration calib.json]
 
 Both directories are local copies of the Hugging Face checkpoints (`huggingface-cli download ...`).
-The bf16 target takes about 70 GB of GPU memory.
+The bf16 target takes about 70 GB of GPU memory. `--calibration` takes the artifact of
+`hybridspec calibrate --target ... --drafter ... --prompts examples/prompts.jsonl --out calib.json`
+(docs/calibration.md); without it the length policy is the built-in default.
 """
 
 import argparse
@@ -21,6 +24,7 @@ def main():
     ap.add_argument("--drafter", required=True)
     ap.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
     ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--calibration", default=None, help="artifact of `hybridspec calibrate` for this pair")
     args = ap.parse_args()
 
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -32,7 +36,8 @@ def main():
     messages = [{"role": "user", "content": args.prompt}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                            return_dict=True).to("cuda")
-    for name, extra in (("target only", {}), ("hybridspec", dict(assistant_model=drafter, hybridspec=True))):
+    speculative = dict(assistant_model=drafter, hybridspec=True, calibration=args.calibration)
+    for name, extra in (("target only", {}), ("hybridspec", speculative)):
         torch.cuda.synchronize()
         start = time.perf_counter()
         out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
