@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import torch
 
+from hybridspec.calibration.costs import keep_extra_token
 from hybridspec.drafter.protocol import DraftBlock
 
 
@@ -48,15 +49,17 @@ class LengthPolicy:
     def select(self, c: torch.Tensor, max_w: int) -> torch.Tensor:
         """Conditional acceptance probabilities `c` `[B, D]` -> w0 `[B]` in `2..min(D + 1, max_w)`
         (or 1 when `max_w` is 1)."""
-        B, D = c.shape
+        return self.select_prefix(prefix_probabilities(c), max_w)
+
+    def select_prefix(self, prefix: torch.Tensor, max_w: int) -> torch.Tensor:
+        """`select` from the prefix probabilities `p` `[B, D]`."""
+        B, D = prefix.shape
         top = min(D + 1, max_w, len(self.cost))
         if top <= 1:
-            return torch.ones(B, dtype=torch.long, device=c.device)
-        prefix = prefix_probabilities(c)
-        ws = torch.arange(2, top + 1, device=c.device)
-        # expected tokens of a w-token round: the anchor's token plus p_1 .. p_{w-1}
-        gain = 1 + torch.cumsum(prefix, dim=-1)[:, ws - 2]
-        cost = torch.tensor(self.cost, device=c.device)[ws - 1]
+            return torch.ones(B, dtype=torch.long, device=prefix.device)
+        ws = torch.arange(2, top + 1, device=prefix.device)
+        gain = expected_tokens(prefix)[:, ws - 1]
+        cost = torch.tensor(self.cost, device=prefix.device)[ws - 1]
         score = gain - self.rho * cost
         # argmax returns the first maximum: ties go to the shorter length
         return ws[score.argmax(dim=-1)]
@@ -65,6 +68,12 @@ class LengthPolicy:
 def prefix_probabilities(c: torch.Tensor) -> torch.Tensor:
     """`[B, D]` conditional probabilities -> `p_i = prod_{j <= i} c_j`, float32."""
     return torch.cumprod(c.float().clamp(0, 1), dim=-1)
+
+
+def expected_tokens(prefix: torch.Tensor) -> torch.Tensor:
+    """Prefix probabilities `[B, D]` -> `[B, D + 1]`: column w - 1 is the expected tokens of a round
+    verified at length w, the anchor's token plus `p_1 .. p_{w-1}`."""
+    return 1 + torch.cat([prefix.new_zeros(prefix.shape[0], 1), torch.cumsum(prefix, dim=-1)], dim=-1)
 
 
 class Selection(NamedTuple):
@@ -89,8 +98,6 @@ class RoutingCorrection:
 
     def keep_extra(self, prefix: torch.Tensor, w0: torch.Tensor, n_new: torch.Tensor) -> torch.Tensor:
         """Bool `[B]`: verify `w0 + 1` tokens instead of `w0`. No host read."""
-        from hybridspec.calibration.costs import keep_extra_token
-
         p_w0 = prefix.gather(1, (w0 - 1).clamp(max=prefix.shape[1] - 1)[:, None])[:, 0]
         return keep_extra_token(p_w0, self.rho, self.cost, w0, self.s, self.eta, self.nbar, self.nbar_given, n_new)
 
@@ -111,7 +118,8 @@ class AdaptivePolicy:
             c = block.confidence
         else:
             c = self.acceptance.predict(block.confidence, block.entropy)
-        return Selection(self.length.select(c, max_w), prefix_probabilities(c))
+        prefix = prefix_probabilities(c)
+        return Selection(self.length.select_prefix(prefix, max_w), prefix)
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ class RatioPolicy:
             w = max(1, min(max_w, D + 1))
             return Selection(torch.full((B,), w, dtype=torch.long, device=prefix.device), prefix)
         ws = torch.tensor(usable, device=prefix.device)
-        gain = 1 + torch.cat([prefix.new_zeros(B, 1), torch.cumsum(prefix, -1)], -1)[:, ws - 1]
+        gain = expected_tokens(prefix)[:, ws - 1]
         time = self.fixed_ms + torch.tensor(self.cost, device=prefix.device)[ws - 1]
         return Selection(ws[(gain / time).argmax(-1)], prefix)
 

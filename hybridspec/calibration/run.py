@@ -30,7 +30,7 @@ from hybridspec.calibration.costs import best_static_length, dinkelbach_rho, fit
 from hybridspec.calibration.prompts import load_prompts, load_tokenizer, render, split_prompts
 from hybridspec.loading import drafter_fingerprint, load_drafter, load_target, target_fingerprint
 from hybridspec.patches import family_of
-from hybridspec.policy import LengthPolicy, prefix_probabilities
+from hybridspec.policy import LengthPolicy, expected_tokens, prefix_probabilities
 
 MAX_VERIFY = 16
 
@@ -90,8 +90,8 @@ def calibrate(target: str, drafter: str, prompts: str, out: str, tokenizer: str 
     ent = torch.as_tensor(data["entropy"][data["valid"]])
     accepted = torch.as_tensor(data["accepted"][data["valid"]])
     prefix = prefix_probabilities(acceptance.predict(conf, ent))  # [R, D]
-    # gains[r, w - 1] = 1 + p_1 + .. + p_{w-1}; tokens[r, w - 1] = min(A, w - 1) + 1
-    gains = 1 + torch.cat([prefix.new_zeros(len(prefix), 1), prefix.cumsum(-1)], -1)[:, :W]
+    gains = expected_tokens(prefix)[:, :W]
+    # tokens[r, w - 1] = min(A, w - 1) + 1: what round r emits at length w
     tokens = torch.minimum(accepted[:, None], torch.arange(W)[None]) + 1
     rho = dinkelbach_rho(gains.numpy(), cost.cost, cost.fixed_ms)
     static = best_static_length(tokens.numpy(), cost.cost, cost.fixed_ms)

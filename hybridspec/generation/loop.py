@@ -18,8 +18,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hybridspec.generation.accept import greedy_accept, process_positions, read_accepted, sample_accept
 from hybridspec.generation.options import HybridSpecOptions
-from hybridspec.patches import family_of
 from hybridspec.generation.verify import Verifier
+from hybridspec.patches import family_of
 from hybridspec.patches.forward import allocate_state
 
 
@@ -103,10 +103,10 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
         if recorder is not None:
             recorder.begin()
         block = drafter.propose(seq)
-        w, hidden, feats, draft = verify(anchor, block, remaining)
-        logits = lm_head(hidden).float()  # [B, w, V]
-        processed = process_positions(logits_processor, seq, draft, logits)  # [B, w, V]
-        tokens, accepted = accept(processed, draft)
+        verified = verify(anchor, block, remaining)
+        logits = lm_head(verified.hidden).float()  # [B, w, V]
+        processed = process_positions(logits_processor, seq, verified.draft, logits)  # [B, w, V]
+        tokens, accepted = accept(processed, verified.draft)
         # emitting appends to the host-side sequence one token at a time, so it reads A here
         kept = read_accepted(accepted, processed, generation_config.do_sample)
         for i in range(kept + 1):
@@ -114,15 +114,15 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
                 # a stop inside the block ends generation there, as it would end target-only decoding
                 done, kept = True, i
                 break
-        stats.verify_lengths.append(w)
-        stats.nominal_lengths.append(verify.last_w0)
+        stats.verify_lengths.append(verified.w)
+        stats.nominal_lengths.append(verified.w0)
         stats.accepted.append(kept)
         anchor = tokens[:, kept : kept + 1]
         if not done:
             state.commit(kept + 1)
-            drafter.observe(feats, kept + 1)
+            drafter.observe(verified.features, kept + 1)
         if recorder is not None:
-            recorder.end(block, w, kept, verify.routing, done)
+            recorder.end(block, verified.w, kept, verified.routing, done)
     if streamer is not None:
         streamer.end()
     if not generation_config.return_dict_in_generate:

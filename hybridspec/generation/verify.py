@@ -12,7 +12,8 @@ it on the device.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -22,6 +23,19 @@ from hybridspec.patches.forward import has_router_boundary, stage0, stage1, veri
 from hybridspec.state import HybridState
 
 
+class Verified(NamedTuple):
+    """One round's verification: the policy's `w0`, the verified length `w`, the final-norm hidden
+    states `[B, w, H]`, the tap features `[B, w, taps * H]`, the drafts it covered `[B, w - 1]`, and
+    (when recorded) every sparse MoE layer's expert ids `[B, w, k]` in layer order."""
+
+    w0: int
+    w: int
+    hidden: torch.Tensor
+    features: torch.Tensor
+    draft: torch.Tensor
+    routing: list | None
+
+
 @dataclass
 class Verifier:
     family: object
@@ -29,12 +43,10 @@ class Verifier:
     state: HybridState
     policy: object
     taps: tuple[int, ...]
-    # per round, the expert ids `[B, w, k]` of every sparse MoE layer (calibration reads them)
+    # calibration reads the routing of every verified block
     record_routing: bool = False
-    routing: list = field(default_factory=list)
 
     def __post_init__(self):
-        self.last_w0 = 0
         self.correction = getattr(self.policy, "correction", None)
         if self.correction is not None and not has_router_boundary(self.family, self.model):
             warnings.warn(f"hybridspec: Layer 0 of this target is not GDN + sparse MoE, so policy="
@@ -45,30 +57,23 @@ class Verifier:
             self.num_experts = layer0.mlp.gate.weight.shape[0]
             self.correction = _on_device(self.correction, self.state.gdn_states.device)
 
-    def __call__(self, anchor: torch.Tensor, block: DraftBlock, remaining: int):
-        """Returns `(w, hidden [B, w, H], features [B, w, taps * H], draft [B, w - 1])`."""
+    def __call__(self, anchor: torch.Tensor, block: DraftBlock, remaining: int) -> Verified:
         choice = self.policy.select(block, remaining)
-        w0 = int(choice.w0[0])
-        self.last_w0 = w0
+        w = w0 = int(choice.w0[0])
         tokens = torch.cat([anchor, block.tokens], dim=-1)
-        self.routing = [] if self.record_routing else None
+        routing = [] if self.record_routing else None
         u = min(w0 + 1, remaining, tokens.shape[1])
-        if self.correction is None or u == w0:
-            w = w0
-            hidden, feats = verify_forward(self.family, self.model, tokens[:, :w], self.state, self.taps,
-                                           self.routing)
-            return w, hidden, feats, block.tokens[:, : w - 1]
-        kept = stage0(self.family, self.model, tokens[:, :u], self.state)
-        # token u = w0 + 1 against the union of the first w0: the last entry of the new-expert counts
-        n_new = new_expert_counts(kept.topk_ids, self.num_experts)[:, u - 1]
-        keep = self.correction.keep_extra(choice.prefix, choice.w0, n_new)
-        w = w0 + int(keep[0])
-        if self.policy.two_stage:
-            hidden, feats = stage1(self.family, self.model, kept, w, self.state, self.taps, self.routing)
+        kept = None
+        if self.correction is not None and u > w0:
+            kept = stage0(self.family, self.model, tokens[:, :u], self.state)
+            # token u = w0 + 1 against the union of the first w0: the last entry of the new-expert counts
+            n_new = new_expert_counts(kept.topk_ids, self.num_experts)[:, u - 1]
+            w += int(self.correction.keep_extra(choice.prefix, choice.w0, n_new)[0])
+        if kept is not None and self.policy.two_stage:
+            hidden, feats = stage1(self.family, self.model, kept, w, self.state, self.taps, routing)
         else:
-            hidden, feats = verify_forward(self.family, self.model, tokens[:, :w], self.state, self.taps,
-                                           self.routing)
-        return w, hidden, feats, block.tokens[:, : w - 1]
+            hidden, feats = verify_forward(self.family, self.model, tokens[:, :w], self.state, self.taps, routing)
+        return Verified(w0, w, hidden, feats, block.tokens[:, : w - 1], routing)
 
 
 def _on_device(correction, device):

@@ -99,7 +99,7 @@ def stage1(family, model, kept: Stage0, w: int, state: HybridState, taps: tuple[
     if routing is not None:
         routing.append(ids)
     h = kept.residual[:, :w] + moe_apply(layer.mlp, kept.moe_input[:, :w], ids, kept.topk_weights[:, :w])
-    return _layers(family, model, h, 1, state, taps, routing, done=h if 0 in taps else None)
+    return _layers(family, model, h, 1, state, taps, routing, tapped={0: h} if 0 in taps else {})
 
 
 def _check_length(input_ids: torch.Tensor) -> None:
@@ -107,14 +107,14 @@ def _check_length(input_ids: torch.Tensor) -> None:
         raise ValueError(f"verification length must be in 1..{MAX_VERIFY}, got input_ids {tuple(input_ids.shape)}")
 
 
-def _layers(family, model, h, start: int, state: HybridState, taps, routing, done=None):
-    """Layers `start..` on the residual stream `h` `[B, w, H]`; `done` is layer 0's tap when Stage 1
-    has already run it."""
+def _layers(family, model, h, start: int, state: HybridState, taps, routing, tapped: dict | None = None):
+    """Layers `start..` on the residual stream `h` `[B, w, H]`; `tapped` holds the taps of layers
+    before `start` (Stage 1 has run Layer 0 itself)."""
     B, w = h.shape[:2]
     text = family.text_model(model)
     positions = state.length + torch.arange(w, device=h.device)[None].expand(B, w)
     cos_sin = family.rope(model, h, positions)
-    tapped = {0: done} if done is not None else {}
+    tapped = dict(tapped or {})
     for i in range(start, len(text.layers)):
         layer = text.layers[i]
         x = layer.input_layernorm(h)
