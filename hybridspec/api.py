@@ -49,10 +49,12 @@ def disable(model):
 
 
 def _generate(model, *args, hybridspec: bool = False, verify_length: int | None = None, policy: str | None = None,
-              calibration=None, hybridspec_recorder=None, **kwargs):
+              calibration=None, hybridspec_recorder=None, enforce_eager: bool | None = None,
+              reference_loop: bool | None = None, **kwargs):
     original = getattr(model, _ORIGINAL)
     if not hybridspec:
-        extra = [n for n, v in (("verify_length", verify_length), ("policy", policy), ("calibration", calibration))
+        extra = [n for n, v in (("verify_length", verify_length), ("policy", policy), ("calibration", calibration),
+                                ("enforce_eager", enforce_eager), ("reference_loop", reference_loop))
                  if v is not None]
         if extra:
             raise ValueError(f"{', '.join(extra)} only apply with hybridspec=True")
@@ -64,7 +66,8 @@ def _generate(model, *args, hybridspec: bool = False, verify_length: int | None 
     drafter.bind(model)
     length_policy = _policy(model, drafter, verify_length, policy, calibration)
     options = HybridSpecOptions(drafter=drafter, policy=length_policy, streamer=kwargs.get("streamer"),
-                                recorder=hybridspec_recorder)
+                                recorder=hybridspec_recorder, enforce_eager=bool(enforce_eager),
+                                reference_loop=bool(reference_loop))
     return GenerationMixin.generate(model, *args, custom_generate=hybridspec_decode,
                                     hybridspec_options=options, **kwargs)
 
@@ -92,7 +95,11 @@ def _policy(model, drafter, verify_length, policy, calibration):
     device = model.get_output_embeddings().weight.device
     calibration.check(target_fingerprint(model), drafter_fingerprint(drafter), current_device_name(device),
                       runtime_versions())
-    return from_calibration(policy, calibration, top)
+    # one policy object per (artifact, name, length): the runner cache recognises it on the next call
+    built = calibration.__dict__.setdefault("_hybridspec_policies", {})
+    if (policy, top) not in built:
+        built[policy, top] = from_calibration(policy, calibration, top)
+    return built[policy, top]
 
 
 def _check_request(model, args, kwargs) -> None:

@@ -53,13 +53,15 @@ def hybridspec_experts_forward(
     hidden_states: torch.Tensor,
     top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor,
+    num_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Signature of transformers' experts functions: `self` is the experts module, `hidden_states`
-    `[T, H]`, `top_k_index` / `top_k_weights` `[T, k]`; returns `[T, H]` in the hidden dtype."""
+    `[T, H]`, `top_k_index` / `top_k_weights` `[T, k]`; returns `[T, H]` in the hidden dtype.
+    `num_tokens` (hybridspec's own callers): rows past it are zero and read no expert."""
     _check_supported(self)
     dtype = self.gate_up_proj.dtype
     out = moe_experts(
-        hidden_states.to(dtype), top_k_index, top_k_weights, self.gate_up_proj, self.down_proj
+        hidden_states.to(dtype), top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, num_tokens=num_tokens
     )
     return out.to(hidden_states.dtype)
 

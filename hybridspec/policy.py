@@ -22,6 +22,7 @@ The policies that `generate(..., policy=...)` names:
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -46,23 +47,38 @@ class LengthPolicy:
         # batches); a draft token is worth verifying while its prefix probability exceeds ~0.06
         return cls(cost=tuple(1.0 + 0.03 * (w - 1) for w in range(1, max_len + 1)), rho=2.0)
 
-    def select(self, c: torch.Tensor, max_w: int) -> torch.Tensor:
+    def select(self, c: torch.Tensor, max_w: int | torch.Tensor) -> torch.Tensor:
         """Conditional acceptance probabilities `c` `[B, D]` -> w0 `[B]` in `2..min(D + 1, max_w)`
-        (or 1 when `max_w` is 1)."""
+        (or 1 when `max_w` is 1). `max_w`: an int, or a `[B]` device tensor (the runner)."""
         return self.select_prefix(prefix_probabilities(c), max_w)
 
-    def select_prefix(self, prefix: torch.Tensor, max_w: int) -> torch.Tensor:
+    def select_prefix(self, prefix: torch.Tensor, max_w: int | torch.Tensor) -> torch.Tensor:
         """`select` from the prefix probabilities `p` `[B, D]`."""
         B, D = prefix.shape
-        top = min(D + 1, max_w, len(self.cost))
+        cap = budget(max_w, B, prefix.device)
+        top = min(D + 1, len(self.cost))
         if top <= 1:
             return torch.ones(B, dtype=torch.long, device=prefix.device)
-        ws = torch.arange(2, top + 1, device=prefix.device)
+        ws = constant(tuple(range(2, top + 1)), prefix.device)
         gain = expected_tokens(prefix)[:, ws - 1]
-        cost = torch.tensor(self.cost, device=prefix.device)[ws - 1]
-        score = gain - self.rho * cost
+        score = gain - self.rho * constant(self.cost[1:top], prefix.device)
+        score = score.masked_fill(ws > cap[:, None], float("-inf"))
         # argmax returns the first maximum: ties go to the shorter length
-        return ws[score.argmax(dim=-1)]
+        return torch.where(cap < 2, cap.clamp(min=1), ws[score.argmax(dim=-1)])
+
+
+@functools.lru_cache(maxsize=256)
+def constant(values: tuple, device: torch.device) -> torch.Tensor:
+    """A policy constant on `device`, built once: the first build copies from the host, which a
+    CUDA-graph capture forbids, so the runner's warm-up round builds them before capture."""
+    return torch.tensor(values, device=device)
+
+
+def budget(max_w: int | torch.Tensor, batch_size: int, device) -> torch.Tensor:
+    """The remaining output budget as a `[B]` long tensor (the runner passes one already)."""
+    if isinstance(max_w, torch.Tensor):
+        return max_w
+    return torch.full((batch_size,), max_w, dtype=torch.long, device=device)
 
 
 def prefix_probabilities(c: torch.Tensor) -> torch.Tensor:
@@ -113,7 +129,7 @@ class AdaptivePolicy:
     correction: RoutingCorrection | None = None
     two_stage: bool = True
 
-    def select(self, block: DraftBlock, max_w: int) -> Selection:
+    def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
         if self.acceptance is None:
             c = block.confidence
         else:
@@ -132,18 +148,20 @@ class RatioPolicy:
     cost: tuple[float, ...]
     fixed_ms: float
 
-    def select(self, block: DraftBlock, max_w: int) -> Selection:
+    def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
         prefix = prefix_probabilities(block.confidence)
         B, D = prefix.shape
-        usable = [w for w in self.lengths if w <= min(D + 1, max_w)]
+        cap = budget(max_w, B, prefix.device)
+        usable = tuple(w for w in self.lengths if w <= D + 1)
         if not usable:
-            # the budget is below the smallest candidate: verify what is left
-            w = max(1, min(max_w, D + 1))
-            return Selection(torch.full((B,), w, dtype=torch.long, device=prefix.device), prefix)
-        ws = torch.tensor(usable, device=prefix.device)
+            return Selection(cap.clamp(1, D + 1), prefix)
+        ws = constant(usable, prefix.device)
         gain = expected_tokens(prefix)[:, ws - 1]
-        time = self.fixed_ms + torch.tensor(self.cost, device=prefix.device)[ws - 1]
-        return Selection(ws[(gain / time).argmax(-1)], prefix)
+        time = self.fixed_ms + constant(tuple(self.cost[w - 1] for w in usable), prefix.device)
+        ratio = (gain / time).masked_fill(ws > cap[:, None], float("-inf"))
+        # a budget below the smallest candidate verifies what is left
+        short = cap < min(usable)
+        return Selection(torch.where(short, cap.clamp(1, D + 1), ws[ratio.argmax(-1)]), prefix)
 
 
 @dataclass(frozen=True)
@@ -153,11 +171,10 @@ class FixedPolicy:
     name: str
     length: int
 
-    def select(self, block: DraftBlock, max_w: int) -> Selection:
+    def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
         B = block.tokens.shape[0]
-        w = max(1, min(self.length, max_w))
-        return Selection(torch.full((B,), w, dtype=torch.long, device=block.tokens.device),
-                         prefix_probabilities(block.confidence))
+        cap = budget(max_w, B, block.tokens.device)
+        return Selection(cap.clamp(1, self.length), prefix_probabilities(block.confidence))
 
 
 def from_calibration(name: str, calibration, max_len: int):

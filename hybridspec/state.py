@@ -5,6 +5,11 @@
   `[L_gdn, B, C, W]`.
 - Attention: preallocated keys/values `[B, H_kv, max_len, D]` per attention layer; a round writes
   w rows at `length` and the commit advances `length` by m (stale rows are overwritten next round).
+
+The eager loop keeps `length` as a Python int and verifies exactly w rows. The CUDA-graph runner
+keeps it as a `[1]` device tensor, always verifies `MAX_VERIFY` rows and sets `num_tokens` (`[B]`
+device tensor, the w of the round) so that the kernels ignore rows past w; `commit_static` then
+advances by a device-resident m.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ class HybridState:
     conv_inputs: torch.Tensor  # [Lg, B, C, W]
     keys: list[torch.Tensor]  # per attention layer [B, Hkv, max_len, D]
     values: list[torch.Tensor]
-    length: int  # tokens committed to the attention caches (= the position of the next token)
+    # tokens committed to the attention caches (= the position of the next token): int or [1] tensor
+    length: int | torch.Tensor
     written: int = 0  # tokens the last verification wrote
+    # [B] rows of the round that count (None: all of them); the kernels skip the rest
+    num_tokens: torch.Tensor | None = None
     # model layer -> index into the GDN buffers / the KV lists, built once per request
     gdn_slot: dict[int, int] = field(init=False)
     attn_slot: dict[int, int] = field(init=False)
@@ -54,3 +62,15 @@ class HybridState:
         self.conv_windows.copy_(full[..., m : m + k])
         self.length += m
         self.written = 0
+
+    def commit_static(self, num_commit: torch.Tensor) -> None:
+        """`commit` with m `[B]` on the device, after a round of `written` rows; no host read.
+        The attention length (a `[1]` tensor, batch one) advances by m."""
+        w = self.written
+        gdn_commit(self.gdn_states, self.round_factors(w), num_commit)
+        k = self.conv_windows.shape[-1]
+        full = torch.cat([self.conv_windows, self.conv_inputs[..., :w]], dim=-1)  # [Lg, B, C, k + w]
+        # the window after m more inputs is columns m .. m + k - 1 of the concatenation
+        index = (num_commit[:, None] + torch.arange(k, device=full.device))[None, :, None, :]
+        self.conv_windows.copy_(full.gather(-1, index.expand(*full.shape[:-1], k)))
+        self.length += num_commit[:1].to(self.length.dtype)

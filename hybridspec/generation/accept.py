@@ -47,29 +47,43 @@ def _take_drafts(draft: torch.Tensor, new: torch.Tensor, accepted: torch.Tensor)
     return torch.where(column < accepted[:, None], padded, new)
 
 
-def greedy_accept(processed: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy verification of `processed` `[B, w, V]` against `draft` `[B, >= w - 1]`."""
+def _counted(w: int, num_tokens: torch.Tensor | None, device) -> torch.Tensor | bool:
+    """Bool `[B, w - 1]`: draft column i belongs to the round (i < num_tokens - 1); True when all do."""
+    if num_tokens is None:
+        return True
+    return torch.arange(w - 1, device=device) < (num_tokens[:, None] - 1)
+
+
+def greedy_accept(processed: torch.Tensor, draft: torch.Tensor,
+                  num_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification of `processed` `[B, w, V]` against `draft` `[B, >= w - 1]`. The runner
+    scores a fixed w rows and passes the round's own length `num_tokens` `[B]`; positions from it
+    on are ignored."""
     w = processed.shape[1]
     best = processed.argmax(dim=-1)  # [B, w]
-    accepted = _accepted(best[:, : w - 1] == draft[:, : w - 1])
+    accepted = _accepted((best[:, : w - 1] == draft[:, : w - 1]) & _counted(w, num_tokens, best.device))
     # where the drafts are kept they equal the argmax, so the argmax row is the answer
     return best, accepted
 
 
-def sample_accept(processed: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_accept(processed: torch.Tensor, draft: torch.Tensor,
+                  num_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The point-mass rule on `processed` `[B, w, V]` against `draft` `[B, >= w - 1]`, drawing from
-    torch's global generator (so `torch.manual_seed` reproduces a run)."""
+    torch's global generator (so `torch.manual_seed` reproduces a run). `num_tokens` as in
+    `greedy_accept`: the round's last counted position draws the bonus from the full `p_t`."""
     B, w, _ = processed.shape
     d = draft[:, : w - 1]
+    counted = _counted(w, num_tokens, d.device)
     # the distribution transformers samples from: softmax of the processed scores, -inf -> 0
     probs = processed.float().softmax(dim=-1)  # [B, w, V]
     p_draft = probs[:, : w - 1].gather(-1, d[..., None]).squeeze(-1)  # [B, w - 1]
     # u < p is never true for p = 0 and always true for p = 1 (u is in [0, 1))
     uniform = torch.rand(B, w - 1, device=processed.device)
-    accepted = _accepted(uniform < p_draft)
+    accepted = _accepted((uniform < p_draft) & counted)
     # the residual at position i < w - 1 removes d_{i+1}; the last position keeps p_t for the bonus
     residual = probs.clone()
-    residual[:, : w - 1].scatter_(-1, d[..., None], 0.0)
+    removed = torch.zeros_like(p_draft) if num_tokens is None else torch.where(counted, 0.0, p_draft)
+    residual[:, : w - 1].scatter_(-1, d[..., None], removed[..., None])
     # exponential race: argmax_j r_j / E_j with E_j ~ Exp(1) is distributed as r / sum(r), so no
     # renormalisation, no host sync; an all-zero residual (p_t(d) = 1, never used) gives index 0
     race = torch.empty_like(residual).exponential_()

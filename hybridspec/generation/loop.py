@@ -9,18 +9,19 @@ Stopping is checked token by token, as target-only decoding does.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hybridspec.generation.accept import greedy_accept, process_positions, read_accepted, sample_accept
 from hybridspec.generation.options import HybridSpecOptions
+from hybridspec.generation.prefill import prefill
 from hybridspec.generation.verify import Verifier
 from hybridspec.patches import family_of
 from hybridspec.patches.forward import allocate_state
+from hybridspec.runner.decode import cached_runner, runner_blocker, warn_fallback
+from hybridspec.runner.stopping import HostStopping
 
 
 @dataclass
@@ -45,22 +46,16 @@ class HybridSpecOutput(GenerateDecoderOnlyOutput):
     hybridspec_stats: HybridSpecStats | None = None
 
 
-def prefill(model, input_ids, taps):
-    """Transformers' own forward over the prompt: last-position logits `[B, V]` fp32, its
-    `DynamicCache`, and the tap features `[B, P, len(taps) * H]`."""
-    cache = DynamicCache(config=model.config)
-    # transformers 5.24 renamed `past_key_values` to `cache` in forward signatures
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    out = model(input_ids, use_cache=True, output_hidden_states=bool(taps), logits_to_keep=1, **{name: cache})
-    feats = torch.cat([out.hidden_states[i + 1] for i in taps], -1) if taps else input_ids.new_zeros(*input_ids.shape, 0)
-    return out.logits[:, -1].float(), cache, feats
-
-
 def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
                       synced_gpus=False, hybridspec_options: HybridSpecOptions | None = None, **model_kwargs):
     """Speculative decoding: token for token equal to `generate(do_sample=False)` when greedy, and
     with the output distribution of target-only `generate(do_sample=True)` when sampling."""
     opts = hybridspec_options
+    blocker = runner_blocker(opts, logits_processor, stopping_criteria, generation_config)
+    if blocker is None:
+        return _decode_on_runner(model, input_ids, logits_processor, stopping_criteria, generation_config, opts)
+    if not opts.reference_loop:
+        warn_fallback(model, blocker)
     drafter, streamer = opts.drafter, opts.streamer
     family = family_of(model)
     # the drafter reads its taps concatenated in its own order
@@ -133,3 +128,23 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
         logits=tuple(raw_logits) if want_logits else None,
         hybridspec_stats=stats,
     )
+
+
+def _decode_on_runner(model, input_ids, logits_processor, stopping_criteria, generation_config, opts):
+    """The same call on the fixed-shape runner (CUDA graphs on CUDA unless `enforce_eager`)."""
+    runner = cached_runner(model, opts.drafter, opts.policy, logits_processor, generation_config, opts.enforce_eager)
+    streamer = opts.streamer
+    P = input_ids.shape[1]
+    first, _ = runner.start(input_ids, logits_processor)
+    stop = HostStopping.from_criteria(stopping_criteria, generation_config.max_length)
+    put = None if streamer is None else (lambda tokens: streamer.put(torch.tensor([tokens])))
+    if put is not None:
+        put([int(first)])
+    tokens, run = runner.decode(P, int(first), stop, put)
+    if streamer is not None:
+        streamer.end()
+    seq = torch.cat([input_ids, torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)], dim=-1)
+    if not generation_config.return_dict_in_generate:
+        return seq
+    stats = HybridSpecStats(run.verify_lengths, run.nominal_lengths, run.accepted)
+    return HybridSpecOutput(sequences=seq, hybridspec_stats=stats)

@@ -16,3 +16,7 @@ class HybridSpecOptions:
     streamer: Any
     # calibration's `RoundRecorder`, or None
     recorder: Any = None
+    # the runner without CUDA graphs
+    enforce_eager: bool = False
+    # the host-driven reference loop even where the runner could serve the call
+    reference_loop: bool = False

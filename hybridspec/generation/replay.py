@@ -34,19 +34,21 @@ class ReplayRound(NamedTuple):
     correct: torch.Tensor
 
 
-def replay_round(generator: torch.Generator, truth: torch.Tensor, known: torch.Tensor, vocab_size: int) -> ReplayRound:
-    """Draw one round of the acceptance model on the CPU. `truth` int64 `[B, D]`: the target's
+def replay_round(generator: torch.Generator | None, truth: torch.Tensor, known: torch.Tensor, vocab_size: int) -> ReplayRound:
+    """Draw one round of the acceptance model on the device of `truth` (with `generator`, or torch's
+    global generator of that device when None). `truth` int64 `[B, D]`: the target's
     greedy tokens at d_1..d_D; `known` bool `[B, D]`: where `truth` is known (past the end of the
     continuation a draft is marked wrong and its token is arbitrary). Always draws the same
     amounts in the same order, so a seed fixes the whole sequence of rounds whatever `known` is."""
     B, D = truth.shape
+    at = dict(generator=generator, device=truth.device)
     # Beta(5, 2) is the 5th smallest of 6 uniforms (order statistic), which a torch.Generator can
     # draw directly (torch.distributions.Beta takes no generator)
-    c = torch.rand(B, BETA_A + BETA_B - 1, generator=generator).sort(-1).values[:, BETA_A - 1 : BETA_A]
-    correct = (torch.rand(B, D, generator=generator) < c) & known
-    noise = torch.randn(B, D, generator=generator)
+    c = torch.rand(B, BETA_A + BETA_B - 1, **at).sort(-1).values[:, BETA_A - 1 : BETA_A]
+    correct = (torch.rand(B, D, **at) < c) & known
+    noise = torch.randn(B, D, **at)
     # a wrong token is the truth shifted by 1..V-1, so it never equals the truth
-    shift = torch.randint(1, vocab_size, (B, D), generator=generator)
+    shift = torch.randint(1, vocab_size, (B, D), **at)
     tokens = torch.where(correct, truth, (truth + shift) % vocab_size)
     confidence = torch.sigmoid(torch.logit(c) + CONFIDENCE_SHIFT * (2 * correct.float() - 1) + noise)
     entropy = torch.special.entr(confidence) + OTHER_TOKENS * torch.special.entr((1 - confidence) / OTHER_TOKENS)
@@ -110,3 +112,78 @@ class ReplayDrafter:
 
     def observe(self, features: torch.Tensor, num_commit: torch.Tensor | int) -> None:
         self.drafter.observe(features, num_commit)
+
+
+class DeviceReplayDrafter:
+    """The same acceptance model, drawn on the device inside the round: a drafter the runner can
+    capture in its CUDA graph (`ReplayDrafter` draws on the host). `drafter` must be
+    device-resident (a `DFlashDrafter`); it runs every round for its cost.
+
+    Draws come from torch's global generator of the device (`torch.manual_seed` fixes a run); set
+    `.continuation` (the target's greedy tokens after the prompt, `[n]`) before each call. The
+    first `observe` after `reset` is the prompt's; the rounds' count the emitted tokens."""
+
+    device_resident = True
+
+    def __init__(self, drafter, continuation: torch.Tensor, vocab_size: int | None = None):
+        self.drafter = drafter
+        self.continuation = continuation
+        self.vocab_size = vocab_size
+        self._truth: torch.Tensor | None = None  # [rows] long, static
+        self._known = None  # [1] long: tokens of the continuation in `_truth`
+        self._emitted = None  # [1] long: tokens emitted so far, the anchor included
+        self._prompt_next = False
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.block_size
+
+    @property
+    def target_layer_ids(self):
+        return self.drafter.target_layer_ids
+
+    def bind(self, target: torch.nn.Module) -> "DeviceReplayDrafter":
+        self.drafter.bind(target)
+        if self.vocab_size is None:
+            self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        return self
+
+    def reset(self, batch_size: int, max_length: int) -> None:
+        if batch_size != 1:
+            raise ValueError(f"DeviceReplayDrafter drafts for one sequence, got batch size {batch_size}")
+        self.drafter.reset(batch_size, max_length)
+        cont = self.continuation.flatten()
+        device = self.drafter.fc.weight.device
+        if self._truth is None or self._truth.shape[0] < max_length or self._truth.device != device:
+            self._truth = torch.zeros(max_length, dtype=torch.long, device=device)
+            self._known = torch.zeros(1, dtype=torch.long, device=device)
+            self._emitted = torch.zeros(1, dtype=torch.long, device=device)
+        n = min(cont.shape[0], self._truth.shape[0])
+        self._truth[:n].copy_(cont[:n])
+        self._known.fill_(n)
+        self._emitted.fill_(0)
+        self._prompt_next = True
+
+    def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
+        self.reset(input_ids.shape[0], input_ids.shape[1] + self.continuation.numel() + 2 * self.block_size)
+        self.observe(features, input_ids.shape[1])
+
+    def propose(self, sequence: torch.Tensor) -> DraftBlock:
+        anchor = sequence[:, -1] if sequence.dim() == 2 else sequence
+        real = self.drafter.propose(anchor)
+        B, D = real.tokens.shape
+        # drafts d_1..d_D are continuation[emitted .. emitted + D - 1]
+        index = self._emitted[:, None] + torch.arange(D, device=anchor.device)  # [B, D]
+        known = index < self._known[:, None]
+        truth = self._truth[index.clamp(max=self._truth.shape[0] - 1)]
+        drawn = replay_round(None, truth, known, self.vocab_size)
+        return DraftBlock(drawn.tokens, drawn.confidence.to(real.confidence.dtype), drawn.entropy.to(real.entropy.dtype))
+
+    def observe(self, features: torch.Tensor, num_commit: torch.Tensor | int) -> None:
+        self.drafter.observe(features, num_commit)
+        if self._prompt_next:
+            # the prompt's features: the first emitted token is the anchor of the first round
+            self._prompt_next = False
+            self._emitted.fill_(1)
+        else:
+            self._emitted += num_commit

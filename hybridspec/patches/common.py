@@ -29,7 +29,7 @@ def gdn_core(mod, q, k, v, g, beta, z, state: HybridState, gi: int) -> torch.Ten
     """GDN verify of one layer into the round's factor buffers, then the gated norm and out_proj."""
     B, w = q.shape[:2]
     factors = GDNFactors(*(f[gi] for f in state.round_factors(w)))
-    o, _ = gdn_verify(q, k, v, g, beta, state.gdn_states[gi], factors_out=factors)
+    o, _ = gdn_verify(q, k, v, g, beta, state.gdn_states[gi], num_tokens=state.num_tokens, factors_out=factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
     return mod.out_proj(o.reshape(B, w, -1))
 
@@ -45,18 +45,27 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, state: HybridState, ai: int,
     v = mod.v_proj(x).view(hidden_shape).transpose(1, 2)
     q, k = apply_rope(q, k, *cos_sin)
     start = state.length
-    state.keys[ai][:, :, start : start + w] = k
-    state.values[ai][:, :, start : start + w] = v
-    keys = state.keys[ai][:, :, : start + w]
-    values = state.values[ai][:, :, : start + w]
+    if isinstance(start, torch.Tensor):
+        # the runner: positions live on the device, so write by index and attend over the whole
+        # buffer; rows past the round's w are computed and never used
+        rows = start + torch.arange(w, device=x.device)  # [w]
+        state.keys[ai].index_copy_(2, rows, k)
+        state.values[ai].index_copy_(2, rows, v)
+        keys, values = state.keys[ai], state.values[ai]
+    else:
+        rows = start + torch.arange(w, device=x.device)
+        state.keys[ai][:, :, start : start + w] = k
+        state.values[ai][:, :, start : start + w] = v
+        keys = state.keys[ai][:, :, : start + w]
+        values = state.values[ai][:, :, : start + w]
     # query i sits at position start + i and sees keys 0..start + i
-    allowed = torch.arange(start + w, device=x.device)[None, :] <= (start + torch.arange(w, device=x.device))[:, None]
+    allowed = torch.arange(keys.shape[2], device=x.device)[None, :] <= rows[:, None]
     impl = mod.config._attn_implementation
     if impl == "eager" or impl is None:
         mask = torch.zeros(allowed.shape, dtype=q.dtype, device=x.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
     else:
         mask = allowed
-    mask = mask[None, None].expand(B, 1, w, start + w)
+    mask = mask[None, None].expand(B, 1, w, keys.shape[2])
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
     out, _ = attend(mod, q, keys, values, mask, dropout=0.0, scaling=mod.scaling)
     out = out.reshape(B, w, -1) * torch.sigmoid(gate)
@@ -74,17 +83,20 @@ def route(mlp, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.view(B, w, -1), weights.view(B, w, -1)
 
 
-def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+              num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Routed experts on `hybridspec.ops.moe_experts` (cost follows the distinct experts the w
-    tokens touch) plus the block's own shared expert; `x` `[B, w, H]`, `ids`/`weights` `[B, w, k]`."""
+    tokens touch) plus the block's own shared expert; `x` `[B, w, H]`, `ids`/`weights` `[B, w, k]`.
+    `num_tokens` (`[1]`, batch one): rows past it read no expert and get the shared expert only."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
-    routed = hybridspec_experts_forward(mlp.experts, flat, ids.reshape(B * w, -1), weights.reshape(B * w, -1))
+    routed = hybridspec_experts_forward(mlp.experts, flat, ids.reshape(B * w, -1), weights.reshape(B * w, -1),
+                                        num_tokens=num_tokens)
     shared = torch.sigmoid(mlp.shared_expert_gate(flat)) * mlp.shared_expert(flat)
     return (routed + shared).reshape(B, w, H)
 
 
-def moe_verify(mlp, x: torch.Tensor, routing: list | None = None) -> torch.Tensor:
+def moe_verify(mlp, x: torch.Tensor, routing: list | None = None, num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """The MoE block of a verified block; a sparse block appends its expert ids `[B, w, k]` to
     `routing` when given. Dense MLP layers run as they are."""
     if not is_sparse_moe(mlp):
@@ -93,4 +105,4 @@ def moe_verify(mlp, x: torch.Tensor, routing: list | None = None) -> torch.Tenso
     ids, weights = route(mlp, x)
     if routing is not None:
         routing.append(ids)
-    return moe_apply(mlp, x, ids, weights)
+    return moe_apply(mlp, x, ids, weights, num_tokens)

@@ -14,37 +14,61 @@ from hybridspec.state import MAX_VERIFY, HybridState
 def allocate_state(family, model, cache, max_len: int) -> HybridState:
     """Buffers for one request, filled from transformers' prefill cache (`DynamicCache`)."""
     config = family.text_config(model)
+    first_gdn = config.layer_types.index("linear_attention")
+    conv0 = cache.layers[first_gdn].conv_states[0]  # [B, C, k]
+    state = empty_state(family, model, conv0.shape[0], max_len, conv0.device)
+    load_prefill(state, cache)
+    return state
+
+
+def empty_state(family, model, batch_size: int, max_len: int, device, length=0) -> HybridState:
+    """Zeroed buffers for `batch_size` rows and `max_len` positions; `length` is the committed
+    length, an int (the eager loop) or a `[1]` long device tensor (the CUDA-graph runner)."""
+    config = family.text_config(model)
     layers = family.text_model(model).layers
     gdn_layers = [i for i, t in enumerate(config.layer_types) if t == "linear_attention"]
     attn_layers = [i for i, t in enumerate(config.layer_types) if t == "full_attention"]
     ref = layers[gdn_layers[0]].linear_attn
-    conv0 = cache.layers[gdn_layers[0]].conv_states[0]  # [B, C, k]
-    B, C, k = conv0.shape
-    device = conv0.device
+    B, Lg = batch_size, len(gdn_layers)
+    C, k = ref.conv1d.weight.shape[0], ref.conv1d.weight.shape[-1]
     HK, HV, Kd, Vd = ref.num_k_heads, ref.num_v_heads, ref.head_k_dim, ref.head_v_dim
-    Lg = len(gdn_layers)
-    states = torch.stack([cache.layers[i].recurrent_states[0].float() for i in gdn_layers]).contiguous()
     factors = GDNFactors(
         torch.zeros(Lg, B, MAX_VERIFY, HV, Vd, device=device),
         torch.zeros(Lg, B, MAX_VERIFY, HK, Kd, device=device),
         torch.zeros(Lg, B, MAX_VERIFY, HV, device=device),
     )
-    windows = torch.stack([cache.layers[i].conv_states[0] for i in gdn_layers]).contiguous()
+    windows = torch.zeros(Lg, B, C, k, dtype=ref.conv1d.weight.dtype, device=device)
     keys, values = [], []
-    length = cache.layers[attn_layers[0]].keys.shape[2]
     for i in attn_layers:
-        ck, cv = cache.layers[i].keys, cache.layers[i].values  # [B, Hkv, P, D]
-        kb = ck.new_zeros(B, ck.shape[1], max_len, ck.shape[3])
-        vb = cv.new_zeros(B, cv.shape[1], max_len, cv.shape[3])
-        kb[:, :, :length] = ck
-        vb[:, :, :length] = cv
-        keys.append(kb)
-        values.append(vb)
+        attn = layers[i].self_attn
+        shape = (B, attn.k_proj.weight.shape[0] // attn.head_dim, max_len, attn.head_dim)
+        keys.append(torch.zeros(shape, dtype=attn.k_proj.weight.dtype, device=device))
+        values.append(torch.zeros(shape, dtype=attn.v_proj.weight.dtype, device=device))
     return HybridState(
-        gdn_layers=gdn_layers, attn_layers=attn_layers, gdn_states=states, factors=factors,
+        gdn_layers=gdn_layers, attn_layers=attn_layers,
+        gdn_states=torch.zeros(Lg, B, HV, Kd, Vd, device=device), factors=factors,
         conv_windows=windows, conv_inputs=windows.new_zeros(Lg, B, C, MAX_VERIFY),
         keys=keys, values=values, length=length,
     )
+
+
+def load_prefill(state: HybridState, cache) -> None:
+    """Copy a prefill `DynamicCache` into `state`'s buffers in place (their addresses stay, as
+    captured graphs need) and set the committed length to the prompt length."""
+    for n, i in enumerate(state.gdn_layers):
+        state.gdn_states[n].copy_(cache.layers[i].recurrent_states[0])
+        state.conv_windows[n].copy_(cache.layers[i].conv_states[0])
+    length = cache.layers[state.attn_layers[0]].keys.shape[2]
+    for n, i in enumerate(state.attn_layers):
+        if length > state.keys[n].shape[2]:
+            raise ValueError(f"a prompt of {length} tokens does not fit a state of {state.keys[n].shape[2]} positions")
+        state.keys[n][:, :, :length] = cache.layers[i].keys
+        state.values[n][:, :, :length] = cache.layers[i].values
+    if isinstance(state.length, torch.Tensor):
+        state.length.fill_(length)
+    else:
+        state.length = length
+    state.written = 0
 
 
 class Stage0(NamedTuple):
@@ -98,7 +122,8 @@ def stage1(family, model, kept: Stage0, w: int, state: HybridState, taps: tuple[
     ids = kept.topk_ids[:, :w]
     if routing is not None:
         routing.append(ids)
-    h = kept.residual[:, :w] + moe_apply(layer.mlp, kept.moe_input[:, :w], ids, kept.topk_weights[:, :w])
+    h = kept.residual[:, :w] + moe_apply(layer.mlp, kept.moe_input[:, :w], ids, kept.topk_weights[:, :w],
+                                         state.num_tokens)
     return _layers(family, model, h, 1, state, taps, routing, tapped={0: h} if 0 in taps else {})
 
 
@@ -123,7 +148,7 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
         else:
             x = attention_verify(layer.self_attn, x, cos_sin, state, state.attn_slot[i], family.apply_rope)
         h = h + x
-        h = h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing)
+        h = h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing, state.num_tokens)
         if i in taps:
             tapped[i] = h
     state.written = w

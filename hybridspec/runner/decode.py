@@ -1,0 +1,92 @@
+"""`generate(..., hybridspec=True)` on the runner: which calls it serves, and the cached runner.
+
+The runner serves greedy and sampled decoding with context-free warpers (temperature, top-k,
+top-p, min-p), length / EOS / time limits, streamers, and device-resident drafters. Anything else
+(processors that read the sequence, stop strings or custom criteria, `output_scores` /
+`output_logits`, calibration's recorder, host-driven drafters) runs the reference loop of
+`hybridspec.generation.loop`, which a warning names on CUDA, where the difference is speed.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformers.generation import logits_process
+
+from hybridspec.runner.round import Sampler
+from hybridspec.runner.runner import Runner
+from hybridspec.runner.stopping import HostStopping
+
+_CONTEXT_FREE = tuple(
+    getattr(logits_process, name)
+    for name in ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+                 "InfNanRemoveLogitsProcessor")
+    if hasattr(logits_process, name)
+)
+_ATTR = "_hybridspec_runner"
+_warned: set[str] = set()
+
+
+def runner_blocker(opts, logits_processor, stopping_criteria, generation_config) -> str | None:
+    """Why this call cannot run on the runner, or None."""
+    if opts.reference_loop:
+        return "reference_loop=True"
+    if opts.recorder is not None:
+        return "calibration records rounds"
+    if generation_config.output_scores or generation_config.output_logits:
+        return "output_scores / output_logits need per-position scores on the host"
+    if not getattr(opts.drafter, "device_resident", False):
+        return f"the drafter {type(opts.drafter).__name__} drafts on the host"
+    odd = [type(p).__name__ for p in logits_processor or [] if not isinstance(p, _CONTEXT_FREE)]
+    if odd:
+        return f"logits processors that read the sequence ({', '.join(odd)})"
+    if HostStopping.from_criteria(stopping_criteria, generation_config.max_length) is None:
+        return "stopping criteria other than length, EOS and max_time"
+    return None
+
+
+def warn_fallback(model, reason: str) -> None:
+    """Say once per reason, on CUDA only (on the CPU both paths run eagerly)."""
+    if model.get_output_embeddings().weight.device.type == "cuda" and reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"hybridspec: {reason}, so this call runs the reference loop without CUDA graphs", stacklevel=5)
+
+
+def _key(obj):
+    try:
+        hash(obj)
+        return obj
+    except TypeError:
+        return id(obj)
+
+
+def _sampler(logits_processor, generation_config) -> tuple[Sampler, tuple]:
+    warpers = tuple(logits_processor or ())
+    key = (generation_config.do_sample,) + tuple(
+        (type(p).__name__, tuple(sorted((k, repr(v)) for k, v in vars(p).items()))) for p in warpers
+    )
+    return Sampler(bool(generation_config.do_sample), warpers), key
+
+
+def cached_runner(model, drafter, policy, logits_processor, generation_config, enforce_eager: bool) -> Runner:
+    """The model's runner for this combination, built (and captured) when the last one does not fit.
+    Capacity is the call's `max_length` rounded up to a power of two (at least 256)."""
+    sampler, sampler_key = _sampler(logits_processor, generation_config)
+    key = (id(drafter), _key(policy), sampler_key, enforce_eager)
+    need = generation_config.max_length
+    runner = getattr(model, _ATTR, None)
+    if runner is not None and runner.key == key and runner.capacity >= need:
+        # the warpers hold the same values; this call's objects serve its own processing
+        runner.sampler.warpers = sampler.warpers
+        return runner
+    if runner is not None:
+        setattr(model, _ATTR, None)
+        del runner
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    capacity = max(256, 1 << (need - 1).bit_length())
+    runner = Runner(model, drafter, policy, capacity=capacity, sampler=sampler, enforce_eager=enforce_eager)
+    runner.key = key
+    setattr(model, _ATTR, runner)
+    return runner

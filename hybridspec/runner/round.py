@@ -1,0 +1,144 @@
+"""One decoding round at a fixed shape, every length on the device (DESIGN.md section 2).
+
+`spec_round` always drafts, verifies and scores `W = block_size` rows; the round's own lengths
+(`w0`, `w`, `A`, `m`) are device tensors that the kernels read: the GDN ops skip rows past w
+(`num_tokens`), the MoE op reads only the experts of rows before w, attention masks by position,
+and the commit advances by m. So one captured graph serves every length and nothing is read on the
+host. `ar_step` is autoregressive decoding (w = 1, no drafter) on the same buffers.
+
+Each step writes its result to `io.out` `[B, T + 4]`: the T tokens of the round (the first m are
+emitted), then m, w, w0 and a flag set when an emitted sampled position had an empty distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from hybridspec.generation.accept import greedy_accept, sample_accept
+from hybridspec.ops.routing import new_expert_counts
+from hybridspec.patches.forward import has_router_boundary, stage0, stage1, verify_forward
+from hybridspec.state import HybridState
+
+# columns of `io.out` after the tokens
+M, W_COL, W0_COL, EMPTY_COL = range(4)
+
+
+@dataclass
+class RoundIO:
+    """Static buffers between the host and the steps (batch one)."""
+
+    anchor: torch.Tensor  # [B, 1] long: x_0, the newest token the target has not processed
+    budget: torch.Tensor  # [B] long: output tokens still allowed after the anchor
+    out: torch.Tensor  # [B, T + 4] long
+
+    @classmethod
+    def allocate(cls, width: int, device) -> RoundIO:
+        return cls(torch.zeros(1, 1, dtype=torch.long, device=device), torch.ones(1, dtype=torch.long, device=device),
+                   torch.zeros(1, width + 4, dtype=torch.long, device=device))
+
+
+@dataclass
+class Sampler:
+    """The accept rule and the context-free logits processors of one call (`warpers`: applied to
+    each scored position alike, e.g. temperature, top-k, top-p)."""
+
+    do_sample: bool
+    warpers: tuple = ()
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """`[B, T, V]` fp32 -> processed scores, every position alike."""
+        if not self.warpers:
+            return logits
+        B, T, V = logits.shape
+        scores = logits.reshape(B * T, V)
+        # these processors read only the scores; the id argument only has to exist
+        ids = torch.zeros(B * T, 1, dtype=torch.long, device=logits.device)
+        for warp in self.warpers:
+            scores = warp(ids, scores)
+        return scores.reshape(B, T, V)
+
+    def accept(self, processed, draft, num_tokens):
+        rule = sample_accept if self.do_sample else greedy_accept
+        return rule(processed, draft, num_tokens)
+
+    def empty(self, processed: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        """`[B]` long: 1 where a sampled, emitted position (0..A) has every score -inf or NaN."""
+        if not self.do_sample:
+            return torch.zeros_like(accepted)
+        bad = processed.amax(-1).isneginf() | processed.isnan().any(-1)  # [B, T]
+        emitted = torch.arange(processed.shape[1], device=bad.device) <= accepted[:, None]
+        return (bad & emitted).any(-1).long()
+
+
+class RoundProgram:
+    """The steps of one (target, drafter, policy, sampler) combination over one `HybridState`
+    whose `length` is a `[1]` device tensor."""
+
+    def __init__(self, family, model, state: HybridState, io: RoundIO, sampler: Sampler, drafter=None, policy=None):
+        self.family, self.model, self.state, self.io, self.sampler = family, model, state, io, sampler
+        self.drafter, self.policy = drafter, policy
+        self.lm_head = model.get_output_embeddings()
+        self.taps = tuple(drafter.target_layer_ids) if drafter is not None else ()
+        self.correction = None
+        if policy is not None and getattr(policy, "correction", None) is not None and has_router_boundary(family, model):
+            device = state.gdn_states.device
+            c = policy.correction
+            self.correction = replace(c, cost=c.cost.to(device), nbar=c.nbar.to(device), nbar_given=c.nbar_given.to(device))
+            self.num_experts = family.text_model(model).layers[0].mlp.gate.weight.shape[0]
+        acceptance = getattr(policy, "acceptance", None)
+        if acceptance is not None:
+            acceptance.prepare(state.gdn_states.device)
+
+    @torch.no_grad()
+    def spec_round(self) -> None:
+        """draft -> select -> stage 0 -> correction -> stage 1 (or one forward) -> accept -> commit."""
+        io, state = self.io, self.state
+        block = self.drafter.propose(io.anchor[:, 0])
+        W = block.tokens.shape[1] + 1
+        cap = io.budget.clamp(min=1)
+        choice = self.policy.select(block, cap)
+        w0 = choice.w0
+        tokens = torch.cat([io.anchor, block.tokens], dim=-1)  # [B, W]
+        state.num_tokens = None
+        if self.correction is not None:
+            kept = stage0(self.family, self.model, tokens, state)
+            # token w0 + 1 against the union of the first w0: entry w0 of the new-expert counts
+            n_new = new_expert_counts(kept.topk_ids, self.num_experts).gather(1, w0.clamp(max=W - 1)[:, None])[:, 0]
+            extra = self.correction.keep_extra(choice.prefix, w0, n_new) & (w0 < cap)
+            w = w0 + extra.long()
+            state.num_tokens = w
+            if self.policy.two_stage:
+                hidden, feats = stage1(self.family, self.model, kept, W, state, self.taps)
+            else:
+                hidden, feats = verify_forward(self.family, self.model, tokens, state, self.taps)
+        else:
+            w = w0
+            state.num_tokens = w
+            hidden, feats = verify_forward(self.family, self.model, tokens, state, self.taps)
+        processed = self.sampler.process(self.lm_head(hidden).float())  # [B, W, V]
+        emitted, accepted = self.sampler.accept(processed, block.tokens, w)
+        m = accepted + 1
+        state.commit_static(m)
+        self.drafter.observe(feats, m)
+        self._finish(emitted, accepted, w, w0, processed)
+
+    @torch.no_grad()
+    def ar_step(self) -> None:
+        """One autoregressive token: verify the anchor alone, accept, commit it."""
+        io, state = self.io, self.state
+        state.num_tokens = None
+        hidden, _ = verify_forward(self.family, self.model, io.anchor, state)
+        processed = self.sampler.process(self.lm_head(hidden).float())  # [B, 1, V]
+        emitted, accepted = self.sampler.accept(processed, io.anchor[:, :0], None)
+        one = accepted + 1
+        state.commit_static(one)
+        self._finish(emitted, accepted, one, one, processed)
+
+    def _finish(self, emitted, accepted, w, w0, processed) -> None:
+        io = self.io
+        io.anchor.copy_(emitted.gather(1, accepted[:, None]))
+        io.budget.sub_(accepted + 1)
+        empty = self.sampler.empty(processed, accepted)
+        io.out.copy_(torch.cat([emitted, torch.stack([accepted + 1, w, w0, empty], dim=-1)], dim=-1))

@@ -1,0 +1,168 @@
+"""`Runner`: static buffers, captured steps and the host loop of the fast path (issue 6).
+
+A runner owns one request slot sized for `capacity` positions: the verification state (KV
+buffers, the GDN state buffer, conv windows, round factors), the drafter's context, and the
+round's I/O buffers. Its step (`RoundProgram.spec_round`, or `ar_step` without a drafter) is
+captured once as a CUDA graph. Per request the host runs transformers' prefill (eager), copies
+the cache into the static buffers, then replays the step; after each replay it queues a copy of
+the round's output into a pinned ring and reads round r - 1 while round r runs, so it never waits
+on the round it just launched. Stopping is decided on the host from those tokens; a round that was
+already running when the stop was seen is discarded, so the returned tokens are exactly those of
+target-only decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridspec.generation.accept import greedy_accept, process_positions, read_accepted, sample_accept
+from hybridspec.generation.prefill import prefill
+from hybridspec.patches import family_of
+from hybridspec.patches.forward import empty_state, load_prefill
+from hybridspec.runner.graphs import CapturedStep
+from hybridspec.runner.round import EMPTY_COL, M, W0_COL, W_COL, RoundIO, RoundProgram, Sampler
+from hybridspec.runner.stopping import HostStopping
+from hybridspec.state import MAX_VERIFY
+
+# rounds in flight before the host reads one back
+LAG = 1
+RING = 4
+
+
+@dataclass
+class RunStats:
+    verify_lengths: list[int] = field(default_factory=list)
+    nominal_lengths: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    # host seconds per round spent outside waiting for the device (replay, copies, reading)
+    host_seconds: list[float] = field(default_factory=list)
+
+
+class Runner:
+    """The fast path for one target (and drafter), batch one.
+
+    `drafter`: a device-resident drafter (`DFlashDrafter`, `DeviceReplayDrafter`) or None for
+    autoregressive decoding. `policy`: a `hybridspec.policy` length policy (ignored without a
+    drafter). `capacity`: the longest sequence (prompt + output) a request may reach.
+    `enforce_eager`: run the step without CUDA graphs (always so on the CPU)."""
+
+    def __init__(self, model, drafter=None, policy=None, *, capacity: int, sampler: Sampler | None = None,
+                 enforce_eager: bool = False):
+        self.model, self.drafter, self.policy = model, drafter, policy
+        self.family = family_of(model)
+        self.sampler = sampler or Sampler(do_sample=False)
+        self.capacity = capacity
+        self.device = model.get_output_embeddings().weight.device
+        self.width = drafter.block_size if drafter is not None else 1
+        # rounds launched past the stop still write up to `width` rows each
+        self.rows = rows = capacity + (LAG + 1) * MAX_VERIFY
+        self.state = empty_state(self.family, model, 1, rows, self.device,
+                                 length=torch.zeros(1, dtype=torch.long, device=self.device))
+        if drafter is not None:
+            drafter.reset(1, rows)
+        self.io = RoundIO.allocate(self.width, self.device)
+        self.program = RoundProgram(self.family, model, self.state, self.io, self.sampler, drafter, policy)
+        step = self.program.spec_round if drafter is not None else self.program.ar_step
+        self.step = CapturedStep(step, self.device, enforce_eager)
+        pinned = self.device.type == "cuda"
+        self.ring = torch.zeros(RING, self.width + 4, dtype=torch.long, pin_memory=pinned)
+        self.events = [torch.cuda.Event() for _ in range(RING)] if pinned else None
+
+    @property
+    def captured(self) -> bool:
+        return self.step.captured
+
+    @torch.no_grad()
+    def start(self, input_ids: torch.Tensor, logits_processor=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill `input_ids` `[1, P]` and load the static buffers. Returns the first token `[1, 1]`
+        and its processed scores `[1, V]` (transformers' processors at the prompt's last position)."""
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"the runner decodes one sequence; got input_ids {tuple(input_ids.shape)}")
+        P = input_ids.shape[1]
+        if P >= self.capacity:
+            raise ValueError(f"a prompt of {P} tokens does not fit a runner of capacity {self.capacity}")
+        taps = tuple(self.drafter.target_layer_ids) if self.drafter is not None else ()
+        logits, cache, feats = prefill(self.model, input_ids, taps)
+        load_prefill(self.state, cache)
+        del cache
+        if self.drafter is not None:
+            self.drafter.reset(1, self.rows)
+            self.drafter.observe(feats, P)
+        no_draft = input_ids[:, :0]
+        if logits_processor is not None:
+            processed = process_positions(logits_processor, input_ids, no_draft, logits[:, None])
+        else:
+            processed = self.sampler.process(logits[:, None])
+        rule = sample_accept if self.sampler.do_sample else greedy_accept
+        tokens, accepted = rule(processed, no_draft)
+        read_accepted(accepted, processed, self.sampler.do_sample)
+        first = tokens[:, :1]
+        self.io.anchor.copy_(first)
+        return first, processed[:, 0]
+
+    @torch.no_grad()
+    def decode(self, prompt_length: int, first: int, stop: HostStopping, on_tokens=None) -> tuple[list[int], RunStats]:
+        """Rounds after `start` until `stop` says so. Returns the emitted tokens after the prompt
+        (`first` included) and per-round statistics. `on_tokens(list)` sees each round's tokens."""
+        out, stats = [first], RunStats()
+        if stop(prompt_length + 1, first):
+            return out, stats
+        self.io.budget.fill_(stop.max_length - prompt_length - 1)
+        pending: deque[int] = deque()
+        launched = 0
+        while True:
+            t0 = time.perf_counter()
+            self.step()
+            slot = launched % RING
+            self.ring[slot].copy_(self.io.out[0], non_blocking=True)
+            if self.events is not None:
+                self.events[slot].record()
+            pending.append(slot)
+            launched += 1
+            lag = LAG if self.events is not None else 0
+            if len(pending) <= lag:
+                continue
+            slot = pending.popleft()
+            t1 = time.perf_counter()
+            if self.events is not None:
+                self.events[slot].synchronize()
+            t2 = time.perf_counter()
+            done = self._read(self.ring[slot].tolist(), prompt_length, out, stats, stop, on_tokens)
+            stats.host_seconds.append((t1 - t0) + (time.perf_counter() - t2))
+            if done:
+                return out, stats
+
+    def _read(self, row, prompt_length, out, stats, stop, on_tokens) -> bool:
+        m, w, w0, empty = row[self.width + M], row[self.width + W_COL], row[self.width + W0_COL], row[self.width + EMPTY_COL]
+        if empty:
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0: every token of a "
+                               "sampled position was masked (all processed scores -inf or NaN)")
+        done, kept = False, m - 1
+        new = []
+        for i in range(m):
+            new.append(row[i])
+            if stop(prompt_length + len(out) + len(new), row[i]):
+                done, kept = True, i
+                break
+        out.extend(new)
+        stats.verify_lengths.append(w)
+        stats.nominal_lengths.append(w0)
+        stats.accepted.append(kept)
+        if on_tokens is not None:
+            on_tokens(new)
+        return done
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> tuple[torch.Tensor, RunStats]:
+        """Plain decoding (no transformers processors): `[1, P + n]` and the statistics."""
+        P = input_ids.shape[1]
+        if P + max_new_tokens > self.capacity:
+            raise ValueError(f"{P} prompt + {max_new_tokens} new tokens exceed the runner's capacity {self.capacity}")
+        eos = set(torch.as_tensor(eos_token_id).flatten().tolist()) if eos_token_id is not None else set()
+        stop = HostStopping(P + max_new_tokens, eos, [])
+        first, _ = self.start(input_ids)
+        tokens, stats = self.decode(P, int(first), stop)
+        return torch.cat([input_ids, torch.tensor([tokens], device=input_ids.device)], dim=-1), stats
