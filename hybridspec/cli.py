@@ -24,11 +24,49 @@ def _calibrate_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds the prompt split and the replay draws")
 
 
+def _bench_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="the end-to-end table: AR, transformers' static AR, vanilla DFlash and every length policy",
+        description="Decode the same prompts with every method side by side and print the table (also JSON and PNG "
+                    "plots under --out). With a replay drafter (default for --shape and --tiny) acceptance is "
+                    "simulated and labelled so.")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--target", help="local target model directory")
+    what.add_argument("--shape", choices=["qwen3.6-35b-a3b"], help="a full-size shape with random bf16 weights (GPU)")
+    what.add_argument("--tiny", action="store_true", help="the tiny random models (a smoke test; runs on the CPU)")
+    p.add_argument("--drafter", help="local DFlash drafter directory (default for --shape: random weights of the "
+                                     "real drafters' shape)")
+    p.add_argument("--replay", action="store_true", help="simulated acceptance over the drafter's cost")
+    p.add_argument("--unforced", action="store_true",
+                   help="with --shape: accept by the target's own argmax (random bf16 weights rarely reproduce their "
+                        "AR continuation, so acceptance collapses) instead of forcing the replayed accept lengths")
+    p.add_argument("--prompts", help="JSONL prompts (seeded split: calibration / evaluation halves); default: "
+                                     "random token prompts")
+    p.add_argument("--tokenizer", help="tokenizer directory for --prompts")
+    p.add_argument("--calibration", help="a calibration artifact (default: calibrate here, on other prompts and seed)")
+    p.add_argument("--out", default="bench_out", help="directory for bench.json and the plots")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--num-prompts", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=512, help="length of the random prompts")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--calibration-tokens", type=int, default=64, help="new tokens per calibration prompt")
+    p.add_argument("--skip-transformers", action="store_true", help="leave out transformers' static AR (~90 s compile)")
+    p.add_argument("--seed", type=int, default=0, help="evaluation draws; calibration uses seed + 1")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hybridspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _calibrate_parser(sub)
+    _bench_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from hybridspec.bench import run
+
+        for name in ("num_prompts", "prompt_tokens", "max_new_tokens", "calibration_tokens"):
+            if getattr(args, name) < 1:
+                parser.error(f"--{name.replace('_', '-')} must be positive")
+        run(args)
     if args.command == "calibrate":
         import torch
 

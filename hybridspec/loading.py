@@ -37,10 +37,10 @@ def load_target(path: str | os.PathLike, device: str, dtype: torch.dtype | None 
     return model
 
 
-def load_drafter(spec: str, device: str, dtype: torch.dtype | None = None, seed: int = 0):
-    """`DIR` -> `DFlashDrafter`; `replay:DIR` -> `ReplayDrafter` over it (assign `.continuation`
-    before each prompt). `seed` seeds the replay draws."""
-    from hybridspec.generation.replay import ReplayDrafter
+def load_drafter(spec: str, device: str, dtype: torch.dtype | None = None):
+    """`DIR` -> `DFlashDrafter`; `replay:DIR` -> `DeviceReplayDrafter` over it (assign
+    `.continuation` before each prompt; its draws come from torch's global generator, so seed that)."""
+    from hybridspec.generation.replay import DeviceReplayDrafter
 
     replay = spec.startswith(REPLAY_PREFIX)
     path = spec[len(REPLAY_PREFIX):] if replay else spec
@@ -49,16 +49,16 @@ def load_drafter(spec: str, device: str, dtype: torch.dtype | None = None, seed:
     drafter = DFlashDrafter.from_pretrained(path, dtype=dtype or default_dtype(device), device=device)
     if not replay:
         return drafter
-    return ReplayDrafter(drafter, torch.zeros(0, dtype=torch.long), seed=seed)
+    return DeviceReplayDrafter(drafter, torch.zeros(0, dtype=torch.long))
 
 
 def drafter_fingerprint_config(drafter) -> dict:
     """The configuration that identifies a drafter for calibration artifacts: the DFlash config,
-    and for a replay drafter also its fixed acceptance model."""
+    and for a replay drafter (host or device draws: the same model) also its fixed acceptance model."""
     from hybridspec.generation import replay
 
     inner = getattr(drafter, "drafter", None)
-    if isinstance(drafter, replay.ReplayDrafter):
+    if isinstance(drafter, (replay.ReplayDrafter, replay.DeviceReplayDrafter)):
         return {"replay": {"beta": [replay.BETA_A, replay.BETA_B], "shift": replay.CONFIDENCE_SHIFT,
                            "other_tokens": replay.OTHER_TOKENS},
                 "drafter": drafter_fingerprint_config(inner)}

@@ -67,7 +67,7 @@ class LengthPolicy:
         return torch.where(cap < 2, cap.clamp(min=1), ws[score.argmax(dim=-1)])
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=None)
 def constant(values: tuple, device: torch.device) -> torch.Tensor:
     """A policy constant on `device`, built once: the first build copies from the host, which a
     CUDA-graph capture forbids, so the runner's warm-up round builds them before capture."""
@@ -198,10 +198,12 @@ def from_calibration(name: str, calibration, max_len: int):
 
 
 _warned = False
+_defaults: dict = {}
 
 
 def default_policy(name: str, max_len: int) -> AdaptivePolicy:
-    """The uncalibrated fallback of the adaptive policies; warns once per process."""
+    """The uncalibrated fallback of the adaptive policies (one object per name and length, so the
+    runner recognises it across calls); warns once per process."""
     global _warned
     if not _warned:
         warnings.warn(
@@ -212,4 +214,6 @@ def default_policy(name: str, max_len: int) -> AdaptivePolicy:
             stacklevel=4,
         )
         _warned = True
-    return AdaptivePolicy(name, LengthPolicy.builtin_default(max_len))
+    if (name, max_len) not in _defaults:
+        _defaults[name, max_len] = AdaptivePolicy(name, LengthPolicy.builtin_default(max_len))
+    return _defaults[name, max_len]

@@ -15,12 +15,22 @@ advances by a device-resident m.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from hybridspec.ops import GDNFactors, gdn_commit
 
 MAX_VERIFY = 16
+
+
+class GDNSlot(NamedTuple):
+    """One GDN layer's buffers for a round of w tokens (views into `HybridState`'s stacks)."""
+
+    state: torch.Tensor  # [B, HV, K, V] fp32, the committed state
+    factors: GDNFactors  # [B, w, ...]
+    window: torch.Tensor  # [B, C, k] conv window before the round
+    inputs: torch.Tensor  # [B, C, W] the round's pre-conv inputs
 
 
 @dataclass
@@ -49,6 +59,12 @@ class HybridState:
     def round_factors(self, w: int) -> GDNFactors:
         """Factor buffers of a w-token round, `[Lg, B, w, ...]`, contiguous per layer (B = 1)."""
         return GDNFactors(*(f[:, :, :w] for f in self.factors))
+
+    def gdn(self, layer: int, w: int) -> GDNSlot:
+        """The buffers of model layer `layer` (a GDN layer) for a w-token round."""
+        gi = self.gdn_slot[layer]
+        return GDNSlot(self.gdn_states[gi], GDNFactors(*(f[gi, :, :w] for f in self.factors)),
+                       self.conv_windows[gi], self.conv_inputs[gi])
 
     def commit(self, num_commit: int) -> None:
         """Keep the first `num_commit` of the `written` verified tokens in every layer."""

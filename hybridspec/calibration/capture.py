@@ -38,21 +38,14 @@ class RoundRecorder:
     stopped: list = field(default_factory=list)
     distinct_all: list = field(default_factory=list)
     new_layer0: list = field(default_factory=list)
-    round_ms: list = field(default_factory=list)
-    first_round: list = field(default_factory=list)
-    _start: float = 0.0
-    _rounds_in_call: int = 0
 
     def new_call(self) -> None:
-        self._rounds_in_call = 0
+        pass
 
     def begin(self) -> None:
-        self._start = _now(self.device)
+        pass
 
     def end(self, block, w: int, accepted: int, routing: list | None, stopped: bool) -> None:
-        self.round_ms.append((_now(self.device) - self._start) * 1e3)
-        self.first_round.append(self._rounds_in_call == 0)
-        self._rounds_in_call += 1
         self.confidence.append(block.confidence[0].float().cpu())
         self.entropy.append(block.entropy[0].float().cpu())
         self.accepted.append(accepted)
@@ -77,12 +70,22 @@ def generate_rounds(model, drafter, prompts, recorder: RoundRecorder, max_new_to
                        max_new_tokens=max_new_tokens, do_sample=False, hybridspec_recorder=recorder)
 
 
-def mean_round_ms(recorder: RoundRecorder) -> float:
-    """Mean time of the rounds after each call's first (which pays one-off warm-up)."""
-    times = [t for t, first in zip(recorder.round_ms, recorder.first_round) if not first]
-    if not times:
-        raise ValueError("no timed rounds: raise --max-new-tokens so each prompt runs at least two rounds")
-    return statistics.fmean(times)
+def timed_round_ms(model, drafter, prompts, max_new_tokens: int, verify_length: int, desc: str) -> float:
+    """Mean round time at a fixed verification length, as decoding runs it: on the CUDA-graph
+    runner where the drafter allows (no recorder here, so nothing adds host work to a round). The
+    first prompt only warms up (capture, compiles); the rest are timed."""
+    total, rounds = 0.0, 0
+    for n, (ids, continuation) in enumerate(tqdm(prompts, desc=desc, leave=False)):
+        if continuation is not None:
+            drafter.continuation = continuation
+        out = model.generate(ids, assistant_model=drafter, hybridspec=True, verify_length=verify_length,
+                             max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+        if n > 0 or len(prompts) == 1:
+            total += out.hybridspec_stats.decode_seconds
+            rounds += out.hybridspec_stats.rounds
+    if not rounds:
+        raise ValueError("no timed rounds: raise --max-new-tokens so each prompt runs at least one round")
+    return total * 1e3 / rounds
 
 
 def capture_arrays(recorder: RoundRecorder, block_size: int) -> dict[str, np.ndarray]:

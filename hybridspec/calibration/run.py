@@ -12,19 +12,21 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from hybridspec.calibration.acceptance import fit_acceptance
-from hybridspec.calibration.artifact import SCHEMA_VERSION, Calibration, current_device_name, fingerprint, runtime_versions
+from hybridspec.calibration.artifact import SCHEMA_VERSION, Calibration, current_device_name, runtime_versions
 from hybridspec.calibration.capture import (
     RoundRecorder,
     capture_arrays,
     expert_latency,
     generate_rounds,
-    mean_round_ms,
     stage0_latency,
+    timed_round_ms,
 )
 from hybridspec.calibration.costs import best_static_length, dinkelbach_rho, fit_line, fit_round_cost, routing_tables
 from hybridspec.calibration.prompts import load_prompts, load_tokenizer, render, split_prompts
@@ -35,26 +37,36 @@ from hybridspec.policy import LengthPolicy, expected_tokens, prefix_probabilitie
 MAX_VERIFY = 16
 
 
-def calibrate(target: str, drafter: str, prompts: str, out: str, tokenizer: str | None = None,
+def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
               max_new_tokens: int = 64, device: str = "cpu", lengths=(2, 4, 6, 8, 12, 16), seed: int = 0,
               ) -> Calibration:
-    """Run the whole calibration (module docstring) and write `out`; returns the artifact."""
+    """Run the whole calibration (module docstring) and write `out`; returns the artifact.
+    `target`: a model directory or a loaded model; `drafter`: `DIR`, `replay:DIR`, or a drafter
+    object (a replay drafter when it has a `continuation`); `prompts`: a JSONL file (its seeded
+    calibration half is used) or a list of token ids `[1, n]` (used as given)."""
     import hybridspec
 
     if len(set(lengths)) < 3 or not all(2 <= w <= MAX_VERIFY for w in lengths):
         raise ValueError(f"lengths must hold at least 3 distinct values in 2..{MAX_VERIFY}, got {lengths}")
     dev = torch.device(device)
-    model = hybridspec.enable(load_target(target, device))
-    draft = load_drafter(drafter, device, seed=seed)
+    # the replay drafter draws from torch's global generator
+    torch.manual_seed(seed)
+    model = hybridspec.enable(load_target(target, device) if isinstance(target, str) else target)
+    draft = load_drafter(drafter, device) if isinstance(drafter, str) else drafter
     draft.bind(model)
     W = min(draft.block_size, MAX_VERIFY)
     lengths = tuple(sorted(w for w in set(lengths) if w <= W))
     config = family_of(model).text_config(model)
-    tok = load_tokenizer(tokenizer, target, config.vocab_size)
-    calib, _ = split_prompts(load_prompts(prompts), seed=seed)
-    inputs = [render(p, tok).to(dev) for p in calib]
+    if isinstance(prompts, (str, os.PathLike)):
+        tok = load_tokenizer(tokenizer, target if isinstance(target, str) else None, config.vocab_size)
+        calib, _ = split_prompts(load_prompts(prompts), seed=seed)
+        inputs = [render(p, tok).to(dev) for p in calib]
+    else:
+        # token ids `[1, n]` chosen by the caller (e.g. `hybridspec bench`), used as they are
+        calib = list(prompts)
+        inputs = [p.to(dev) for p in calib]
     # a replay drafter replays the target's own greedy continuation of each prompt
-    replay = drafter.startswith("replay:")
+    replay = drafter.startswith("replay:") if isinstance(drafter, str) else hasattr(drafter, "continuation")
     continuations = [_greedy(model, ids, max_new_tokens) if replay else None
                      for ids in tqdm(inputs, desc="target continuations", disable=not replay)]
     runs = list(zip(inputs, continuations))
@@ -67,11 +79,8 @@ def calibrate(target: str, drafter: str, prompts: str, out: str, tokenizer: str 
     acceptance = fit_acceptance(data["confidence"], data["entropy"], data["accepted"], data["valid"])
 
     # timed separately from the capture, whose routing records add host work to every round
-    round_ms = {}
-    for w in sorted(set(lengths) | {W}):
-        rec = RoundRecorder(dev, config.num_experts)
-        generate_rounds(model, draft, runs, rec, max_new_tokens, w, desc=f"timing (w = {w})")
-        round_ms[w] = mean_round_ms(rec)
+    round_ms = {w: timed_round_ms(model, draft, runs, max_new_tokens, w, desc=f"timing (w = {w})")
+                for w in sorted(set(lengths) | {W})}
     cost = fit_round_cost(list(round_ms), list(round_ms.values()), max_len=W)
 
     stage0_ms = stage0_latency(model, inputs[0], range(1, W + 1))
@@ -108,7 +117,8 @@ def calibrate(target: str, drafter: str, prompts: str, out: str, tokenizer: str 
             mean_acceptance_length=float(np.mean(data["accepted"][data["valid"]]) + 1) if data["valid"].any() else None,
             round_ms=_keyed(round_ms), stage0_ms=_keyed(stage0_ms), stage0_slope_fit=s_fit, stage0_r=s_r, expert_ms=_keyed(expert_ms),
             eta_fit=eta_fit, eta_r=eta_r, cost_rms_residual_ms=cost.rms_residual_ms,
-            mean_predicted_w=mean_w, max_new_tokens=max_new_tokens, seed=seed, drafter=drafter,
+            mean_predicted_w=mean_w, max_new_tokens=max_new_tokens, seed=seed,
+            drafter=drafter if isinstance(drafter, str) else type(drafter).__name__,
         ),
     )
     result.save(out)
@@ -123,7 +133,12 @@ def _keyed(table: dict) -> dict[str, float]:
 
 @torch.inference_mode()
 def _greedy(model, ids, max_new_tokens):
-    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+    """The target's greedy continuation, computed by the runner that verification uses (on CUDA
+    the captured graph), so that its numerics are those of the rounds the replay drafter serves."""
+    from hybridspec.runner import Runner
+
+    runner = Runner(model, capacity=ids.shape[1] + max_new_tokens)
+    out, _ = runner.generate(ids, max_new_tokens, eos_token_id=model.generation_config.eos_token_id)
     return out[0, ids.shape[1]:]
 
 

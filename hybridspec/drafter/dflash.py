@@ -173,6 +173,11 @@ class DFlashDrafter(nn.Module):
             )
         self.context.clear(max_length)
 
+    def static_buffers(self) -> list[torch.Tensor]:
+        """The device buffers a captured round reads and writes (the runner recaptures if they move)."""
+        cache = self._context()
+        return [cache.k, cache.v, cache.length]
+
     def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
         """New context holding every prompt position (`reset`, then `observe` of the whole prompt)."""
         self.reset(input_ids.shape[0])

@@ -93,16 +93,25 @@ def sample_accept(processed: torch.Tensor, draft: torch.Tensor,
     return _take_drafts(d, new, accepted), accepted
 
 
-def read_accepted(accepted: torch.Tensor, processed: torch.Tensor, sampling: bool) -> int:
-    """The host read of the eager loop: A of batch row 0. When sampling, the same read also checks
-    that no emitted position (0..A) has an empty distribution (every score -inf, or NaN), where
-    transformers' sampler raises rather than emit a token; greedy picks a token as argmax does."""
+EMPTY_MESSAGE = ("probability tensor contains either `inf`, `nan` or element < 0: every token of a sampled "
+                 "position was masked (all processed scores -inf or NaN)")
+
+
+def first_empty(processed: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+    """`[B]` long: the first emitted position (0..A) whose processed scores are all -inf or NaN,
+    where transformers' sampler raises rather than emit a token; `w + 1` where there is none."""
+    w = processed.shape[1]
+    bad = processed.amax(-1).isneginf() | processed.isnan().any(-1)  # [B, w]
+    bad &= torch.arange(w, device=bad.device) <= accepted[:, None]
+    return torch.where(bad.any(-1), bad.int().argmax(-1), w + 1)
+
+
+def read_accepted(accepted: torch.Tensor, processed: torch.Tensor, sampling: bool) -> tuple[int, int]:
+    """The host read of the eager loop, batch row 0: A, and (when sampling) the first emitted
+    position with an empty distribution (`w + 1` if none; greedy picks a token as argmax does).
+    The caller raises `RuntimeError(EMPTY_MESSAGE)` on reaching that position: a stop token
+    before it ends generation first, as it would end target-only sampling."""
     if not sampling:
-        return int(accepted[0])
-    empty = processed[0].amax(-1).isneginf() | processed[0].isnan().any(-1)  # [w]
-    first_empty = torch.where(empty.any(), empty.int().argmax(), empty.numel())
-    kept, first_empty = torch.stack([accepted[0], first_empty]).tolist()
-    if first_empty <= kept:
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0: every token of a "
-                           "sampled position was masked (all processed scores -inf or NaN)")
-    return kept
+        return int(accepted[0]), processed.shape[1] + 1
+    kept, empty = torch.stack([accepted[0], first_empty(processed, accepted)[0]]).tolist()
+    return kept, empty

@@ -9,12 +9,13 @@ Stopping is checked token by token, as target-only decoding does.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from hybridspec.generation.accept import greedy_accept, process_positions, read_accepted, sample_accept
+from hybridspec.generation.accept import EMPTY_MESSAGE, greedy_accept, process_positions, read_accepted, sample_accept
 from hybridspec.generation.options import HybridSpecOptions
 from hybridspec.generation.prefill import prefill
 from hybridspec.generation.verify import Verifier
@@ -30,6 +31,10 @@ class HybridSpecStats:
     # the policy's nominal choice w0 per round (the routing correction may add one token)
     nominal_lengths: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    # wall time of the rounds (after the prefill and the first token; device synchronised)
+    decode_seconds: float = field(default=0.0, compare=False)
+    # the runner's distinct Layer-0 experts per round (empty from the reference loop)
+    layer0_experts: list[int] = field(default_factory=list, compare=False)
 
     @property
     def rounds(self) -> int:
@@ -89,10 +94,12 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
     no_draft = input_ids[:, :0]
     processed = process_positions(logits_processor, seq, no_draft, logits[:, None])
     tokens, accepted = accept(processed, no_draft)
-    read_accepted(accepted, processed, generation_config.do_sample)
+    if read_accepted(accepted, processed, generation_config.do_sample)[1] == 0:
+        raise RuntimeError(EMPTY_MESSAGE)
     anchor = tokens[:, :1]
     done = emit(anchor, processed[:, 0], logits)
     lm_head = model.get_output_embeddings()
+    started = _now(seq.device)
     while not done:
         remaining = max_len - seq.shape[1]
         if recorder is not None:
@@ -102,9 +109,15 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
         logits = lm_head(verified.hidden).float()  # [B, w, V]
         processed = process_positions(logits_processor, seq, verified.draft, logits)  # [B, w, V]
         tokens, accepted = accept(processed, verified.draft)
+        if getattr(drafter, "forced", False):
+            # benchmark mode of the replay drafter (`DeviceReplayDrafter(forced=True)`)
+            accepted = torch.minimum(drafter.forced_accepted, torch.full_like(accepted, verified.w - 1))
+            tokens = drafter.forced_truth[:, : verified.w]
         # emitting appends to the host-side sequence one token at a time, so it reads A here
-        kept = read_accepted(accepted, processed, generation_config.do_sample)
+        kept, empty = read_accepted(accepted, processed, generation_config.do_sample)
         for i in range(kept + 1):
+            if i == empty:
+                raise RuntimeError(EMPTY_MESSAGE)
             if emit(tokens[:, i : i + 1], processed[:, i], logits[:, i]):
                 # a stop inside the block ends generation there, as it would end target-only decoding
                 done, kept = True, i
@@ -118,6 +131,7 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
             drafter.observe(verified.features, kept + 1)
         if recorder is not None:
             recorder.end(block, verified.w, kept, verified.routing, done)
+    stats.decode_seconds = _now(seq.device) - started
     if streamer is not None:
         streamer.end()
     if not generation_config.return_dict_in_generate:
@@ -146,5 +160,11 @@ def _decode_on_runner(model, input_ids, logits_processor, stopping_criteria, gen
     seq = torch.cat([input_ids, torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)], dim=-1)
     if not generation_config.return_dict_in_generate:
         return seq
-    stats = HybridSpecStats(run.verify_lengths, run.nominal_lengths, run.accepted)
+    stats = HybridSpecStats(run.verify_lengths, run.nominal_lengths, run.accepted, run.seconds, run.layer0_experts)
     return HybridSpecOutput(sequences=seq, hybridspec_stats=stats)
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -121,14 +121,24 @@ class DeviceReplayDrafter:
 
     Draws come from torch's global generator of the device (`torch.manual_seed` fixes a run); set
     `.continuation` (the target's greedy tokens after the prompt, `[n]`) before each call. The
-    first `observe` after `reset` is the prompt's; the rounds' count the emitted tokens."""
+    first `observe` after `reset` is the prompt's; the rounds' count the emitted tokens.
+
+    `forced=True` (benchmarks on random weights only): the round accepts as many
+    drafts as the draws made correct and emits the continuation itself, so the acceptance profile
+    is the model's even where a random-weight target in bf16 would not reproduce its own greedy
+    continuation under a different block split. The target still verifies every drafted token
+    (the work and its routing are real); the tokens are not the target's, so no exactness holds."""
 
     device_resident = True
 
-    def __init__(self, drafter, continuation: torch.Tensor, vocab_size: int | None = None):
+    def __init__(self, drafter, continuation: torch.Tensor, vocab_size: int | None = None, forced: bool = False):
         self.drafter = drafter
         self.continuation = continuation
         self.vocab_size = vocab_size
+        # benchmarks only: the runner takes the acceptance from the draws, not from the target
+        self.forced = forced
+        self.forced_truth: torch.Tensor | None = None  # [B, D + 1] continuation from the anchor's successor
+        self.forced_accepted: torch.Tensor | None = None  # [B] leading correct drafts
         self._truth: torch.Tensor | None = None  # [rows] long, static
         self._known = None  # [1] long: tokens of the continuation in `_truth`
         self._emitted = None  # [1] long: tokens emitted so far, the anchor included
@@ -149,34 +159,52 @@ class DeviceReplayDrafter:
         return self
 
     def reset(self, batch_size: int, max_length: int) -> None:
+        """As `DFlashDrafter.reset` with a fixed size (the runner's call); the continuation is
+        copied into a static buffer."""
         if batch_size != 1:
             raise ValueError(f"DeviceReplayDrafter drafts for one sequence, got batch size {batch_size}")
         self.drafter.reset(batch_size, max_length)
+        self._load(max_length)
+        self._emitted.fill_(0)
+        self._prompt_next = True
+
+    def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
+        """The reference loop's call: a growable context holding the prompt."""
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"DeviceReplayDrafter drafts for one sequence, got input_ids {tuple(input_ids.shape)}")
+        self.drafter.start(input_ids, features)
+        self._load(self.continuation.numel())
+        # the first emitted token is the anchor of the first round
+        self._emitted.fill_(1)
+        self._prompt_next = False
+
+    def static_buffers(self) -> list[torch.Tensor]:
+        return [self._truth, self._known, self._emitted, *self.drafter.static_buffers()]
+
+    def _load(self, rows: int) -> None:
         cont = self.continuation.flatten()
         device = self.drafter.fc.weight.device
-        if self._truth is None or self._truth.shape[0] < max_length or self._truth.device != device:
-            self._truth = torch.zeros(max_length, dtype=torch.long, device=device)
+        rows = max(rows, 1)
+        if self._truth is None or self._truth.shape[0] < rows or self._truth.device != device:
+            self._truth = torch.zeros(rows, dtype=torch.long, device=device)
             self._known = torch.zeros(1, dtype=torch.long, device=device)
             self._emitted = torch.zeros(1, dtype=torch.long, device=device)
         n = min(cont.shape[0], self._truth.shape[0])
         self._truth[:n].copy_(cont[:n])
         self._known.fill_(n)
-        self._emitted.fill_(0)
-        self._prompt_next = True
-
-    def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
-        self.reset(input_ids.shape[0], input_ids.shape[1] + self.continuation.numel() + 2 * self.block_size)
-        self.observe(features, input_ids.shape[1])
 
     def propose(self, sequence: torch.Tensor) -> DraftBlock:
         anchor = sequence[:, -1] if sequence.dim() == 2 else sequence
         real = self.drafter.propose(anchor)
         B, D = real.tokens.shape
         # drafts d_1..d_D are continuation[emitted .. emitted + D - 1]
-        index = self._emitted[:, None] + torch.arange(D, device=anchor.device)  # [B, D]
+        index = self._emitted[:, None] + torch.arange(D + 1, device=anchor.device)  # [B, D + 1]
         known = index < self._known[:, None]
         truth = self._truth[index.clamp(max=self._truth.shape[0] - 1)]
-        drawn = replay_round(None, truth, known, self.vocab_size)
+        drawn = replay_round(None, truth[:, :D], known[:, :D], self.vocab_size)
+        if self.forced:
+            self.forced_truth = truth
+            self.forced_accepted = drawn.correct.long().cumprod(-1).sum(-1)
         return DraftBlock(drawn.tokens, drawn.confidence.to(real.confidence.dtype), drawn.entropy.to(real.entropy.dtype))
 
     def observe(self, features: torch.Tensor, num_commit: torch.Tensor | int) -> None:

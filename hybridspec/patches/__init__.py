@@ -2,7 +2,7 @@
 
 A family module exposes `MODEL_TYPES`, `text_model(model)`, `text_config(model)`,
 `rope(model, hidden, positions)`, `apply_rope(q, k, cos, sin)` and
-`gdn_verify_layer(module, x, state, gdn_index)`.
+`gdn_verify_layer(module, x, slot, num_tokens)`.
 """
 
 from __future__ import annotations

@@ -11,31 +11,32 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import eager_attention_forward
 
 from hybridspec.experts import hybridspec_experts_forward
-from hybridspec.ops import GDNFactors, gdn_verify
-from hybridspec.state import HybridState
+from hybridspec.ops import gdn_verify
+from hybridspec.state import GDNSlot
 
 
-def conv_verify(mod, mixed: torch.Tensor, state: HybridState, gi: int) -> torch.Tensor:
+def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     """Causal depthwise conv of the round's pre-conv inputs `[B, C, w]` after the layer's window,
     as transformers' single-step update does it; the inputs are kept for the commit."""
     w = mixed.shape[-1]
-    state.conv_inputs[gi, :, :, :w] = mixed
-    full = torch.cat([state.conv_windows[gi], mixed], dim=-1).to(mod.conv1d.weight.dtype)
+    slot.inputs[:, :, :w] = mixed
+    full = torch.cat([slot.window, mixed], dim=-1).to(mod.conv1d.weight.dtype)
     out = F.conv1d(full, mod.conv1d.weight, mod.conv1d.bias, padding=0, groups=full.shape[1])[..., -w:]
     return ACT2FN[mod.activation](out).to(mixed.dtype)
 
 
-def gdn_core(mod, q, k, v, g, beta, z, state: HybridState, gi: int) -> torch.Tensor:
+def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
     """GDN verify of one layer into the round's factor buffers, then the gated norm and out_proj."""
     B, w = q.shape[:2]
-    factors = GDNFactors(*(f[gi] for f in state.round_factors(w)))
-    o, _ = gdn_verify(q, k, v, g, beta, state.gdn_states[gi], num_tokens=state.num_tokens, factors_out=factors)
+    o, _ = gdn_verify(q, k, v, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
     return mod.out_proj(o.reshape(B, w, -1))
 
 
-def attention_verify(mod, x: torch.Tensor, cos_sin, state: HybridState, ai: int, apply_rope) -> torch.Tensor:
-    """Gated attention of w new tokens against the KV buffer: write w rows at `state.length`."""
+def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start,
+                     apply_rope) -> torch.Tensor:
+    """Gated attention of w new tokens against one layer's KV buffers `[B, Hkv, rows, D]`: write w
+    rows at `start` (the committed length: an int, or a `[1]` device tensor for the runner)."""
     B, w, _ = x.shape
     hidden_shape = (B, w, -1, mod.head_dim)
     q, gate = torch.chunk(mod.q_proj(x).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
@@ -44,20 +45,16 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, state: HybridState, ai: int,
     k = mod.k_norm(mod.k_proj(x).view(hidden_shape)).transpose(1, 2)
     v = mod.v_proj(x).view(hidden_shape).transpose(1, 2)
     q, k = apply_rope(q, k, *cos_sin)
-    start = state.length
+    rows = start + torch.arange(w, device=x.device)  # [w]
     if isinstance(start, torch.Tensor):
         # the runner: positions live on the device, so write by index and attend over the whole
         # buffer; rows past the round's w are computed and never used
-        rows = start + torch.arange(w, device=x.device)  # [w]
-        state.keys[ai].index_copy_(2, rows, k)
-        state.values[ai].index_copy_(2, rows, v)
-        keys, values = state.keys[ai], state.values[ai]
+        keys.index_copy_(2, rows, k)
+        values.index_copy_(2, rows, v)
     else:
-        rows = start + torch.arange(w, device=x.device)
-        state.keys[ai][:, :, start : start + w] = k
-        state.values[ai][:, :, start : start + w] = v
-        keys = state.keys[ai][:, :, : start + w]
-        values = state.values[ai][:, :, : start + w]
+        keys[:, :, start : start + w] = k
+        values[:, :, start : start + w] = v
+        keys, values = keys[:, :, : start + w], values[:, :, : start + w]
     # query i sits at position start + i and sees keys 0..start + i
     allowed = torch.arange(keys.shape[2], device=x.device)[None, :] <= rows[:, None]
     impl = mod.config._attn_implementation

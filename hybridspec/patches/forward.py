@@ -8,7 +8,7 @@ import torch
 
 from hybridspec.ops import GDNFactors
 from hybridspec.patches.common import attention_verify, is_sparse_moe, moe_apply, moe_verify, route
-from hybridspec.state import MAX_VERIFY, HybridState
+from hybridspec.state import MAX_VERIFY, GDNSlot, HybridState
 
 
 def allocate_state(family, model, cache, max_len: int) -> HybridState:
@@ -32,21 +32,24 @@ def empty_state(family, model, batch_size: int, max_len: int, device, length=0) 
     B, Lg = batch_size, len(gdn_layers)
     C, k = ref.conv1d.weight.shape[0], ref.conv1d.weight.shape[-1]
     HK, HV, Kd, Vd = ref.num_k_heads, ref.num_v_heads, ref.head_k_dim, ref.head_v_dim
+    fp32 = dict(dtype=torch.float32, device=device)
     factors = GDNFactors(
-        torch.zeros(Lg, B, MAX_VERIFY, HV, Vd, device=device),
-        torch.zeros(Lg, B, MAX_VERIFY, HK, Kd, device=device),
-        torch.zeros(Lg, B, MAX_VERIFY, HV, device=device),
+        torch.zeros(Lg, B, MAX_VERIFY, HV, Vd, **fp32),
+        torch.zeros(Lg, B, MAX_VERIFY, HK, Kd, **fp32),
+        torch.zeros(Lg, B, MAX_VERIFY, HV, **fp32),
     )
-    windows = torch.zeros(Lg, B, C, k, dtype=ref.conv1d.weight.dtype, device=device)
+    # activations (and so the cache rows) carry the embedding's dtype
+    act = family.text_model(model).embed_tokens.weight.dtype
+    windows = torch.zeros(Lg, B, C, k, dtype=act, device=device)
     keys, values = [], []
     for i in attn_layers:
         attn = layers[i].self_attn
         shape = (B, attn.k_proj.weight.shape[0] // attn.head_dim, max_len, attn.head_dim)
-        keys.append(torch.zeros(shape, dtype=attn.k_proj.weight.dtype, device=device))
-        values.append(torch.zeros(shape, dtype=attn.v_proj.weight.dtype, device=device))
+        keys.append(torch.zeros(shape, dtype=act, device=device))
+        values.append(torch.zeros(shape, dtype=act, device=device))
     return HybridState(
         gdn_layers=gdn_layers, attn_layers=attn_layers,
-        gdn_states=torch.zeros(Lg, B, HV, Kd, Vd, device=device), factors=factors,
+        gdn_states=torch.zeros(Lg, B, HV, Kd, Vd, **fp32), factors=factors,
         conv_windows=windows, conv_inputs=windows.new_zeros(Lg, B, C, MAX_VERIFY),
         keys=keys, values=values, length=length,
     )
@@ -88,7 +91,7 @@ def has_router_boundary(family, model) -> bool:
 
 
 def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, taps: tuple[int, ...] = (),
-                   routing: list | None = None):
+                   routing: list | None = None, blocks: Blocks | None = None):
     """Run w <= 16 tokens after the committed prefix; nothing is committed.
 
     Returns the final-norm hidden states `[B, w, H]` and the tap features `[B, w, len(taps) * H]`
@@ -97,7 +100,7 @@ def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, t
     """
     _check_length(input_ids)
     h = family.text_model(model).embed_tokens(input_ids)
-    return _layers(family, model, h, 0, state, taps, routing)
+    return _layers(family, model, h, 0, state, taps, routing, blocks=blocks or EAGER)
 
 
 def stage0(family, model, input_ids: torch.Tensor, state: HybridState) -> Stage0:
@@ -108,14 +111,15 @@ def stage0(family, model, input_ids: torch.Tensor, state: HybridState) -> Stage0
     text = family.text_model(model)
     layer = text.layers[0]
     h = text.embed_tokens(input_ids)
-    h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), state, state.gdn_slot[0])
+    slot = state.gdn(0, input_ids.shape[1])
+    h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), slot, state.num_tokens)
     y = layer.post_attention_layernorm(h)
     ids, weights = route(layer.mlp, y)
     return Stage0(h, y, ids, weights)
 
 
 def stage1(family, model, kept: Stage0, w: int, state: HybridState, taps: tuple[int, ...] = (),
-           routing: list | None = None):
+           routing: list | None = None, blocks: Blocks | None = None):
     """Resume at Layer 0's experts for the first w Stage-0 tokens and run the rest of the stack;
     returns what `verify_forward` returns for those w tokens. Stage-0 rows past w are not read."""
     layer = family.text_model(model).layers[0]
@@ -124,7 +128,8 @@ def stage1(family, model, kept: Stage0, w: int, state: HybridState, taps: tuple[
         routing.append(ids)
     h = kept.residual[:, :w] + moe_apply(layer.mlp, kept.moe_input[:, :w], ids, kept.topk_weights[:, :w],
                                          state.num_tokens)
-    return _layers(family, model, h, 1, state, taps, routing, tapped={0: h} if 0 in taps else {})
+    return _layers(family, model, h, 1, state, taps, routing, tapped={0: h} if 0 in taps else {},
+                   blocks=blocks or EAGER)
 
 
 def _check_length(input_ids: torch.Tensor) -> None:
@@ -132,7 +137,42 @@ def _check_length(input_ids: torch.Tensor) -> None:
         raise ValueError(f"verification length must be in 1..{MAX_VERIFY}, got input_ids {tuple(input_ids.shape)}")
 
 
-def _layers(family, model, h, start: int, state: HybridState, taps, routing, tapped: dict | None = None):
+def gdn_block(family, layer, h: torch.Tensor, slot: GDNSlot, num_tokens, routing=None) -> torch.Tensor:
+    """One GDN decoder layer of a verified block: mixer and MoE with their residuals."""
+    h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), slot, num_tokens)
+    return h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
+
+
+def attention_block(family, layer, h: torch.Tensor, cos_sin, keys, values, length, num_tokens,
+                    routing=None) -> torch.Tensor:
+    """One attention decoder layer of a verified block."""
+    h = h + attention_verify(layer.self_attn, layer.input_layernorm(h), cos_sin, keys, values, length,
+                             family.apply_rope)
+    return h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
+
+
+class Blocks(NamedTuple):
+    """The per-layer functions `_layers` calls: eager, or compiled once per layer kind (every layer
+    of a kind shares one compiled graph: regional compilation, parameters are graph inputs)."""
+
+    gdn: object = gdn_block
+    attention: object = attention_block
+
+    @classmethod
+    def compiled(cls) -> Blocks:
+        """The compiled blocks, built once per process (compiled on first call per shape)."""
+        global _COMPILED
+        if _COMPILED is None:
+            _COMPILED = cls(torch.compile(gdn_block, dynamic=False), torch.compile(attention_block, dynamic=False))
+        return _COMPILED
+
+
+EAGER = Blocks()
+_COMPILED: Blocks | None = None
+
+
+def _layers(family, model, h, start: int, state: HybridState, taps, routing, tapped: dict | None = None,
+            blocks: Blocks = EAGER):
     """Layers `start..` on the residual stream `h` `[B, w, H]`; `tapped` holds the taps of layers
     before `start` (Stage 1 has run Layer 0 itself)."""
     B, w = h.shape[:2]
@@ -142,13 +182,12 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
     tapped = dict(tapped or {})
     for i in range(start, len(text.layers)):
         layer = text.layers[i]
-        x = layer.input_layernorm(h)
         if i in state.gdn_slot:
-            x = family.gdn_verify_layer(layer.linear_attn, x, state, state.gdn_slot[i])
+            h = blocks.gdn(family, layer, h, state.gdn(i, w), state.num_tokens, routing)
         else:
-            x = attention_verify(layer.self_attn, x, cos_sin, state, state.attn_slot[i], family.apply_rope)
-        h = h + x
-        h = h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing, state.num_tokens)
+            ai = state.attn_slot[i]
+            h = blocks.attention(family, layer, h, cos_sin, state.keys[ai], state.values[ai], state.length,
+                                 state.num_tokens, routing)
         if i in taps:
             tapped[i] = h
     state.written = w

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
 
 from hybridspec.patches.common import conv_verify, gdn_core
-from hybridspec.state import HybridState
+from hybridspec.state import GDNSlot
 
 MODEL_TYPES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
 apply_rope = modeling.apply_rotary_pos_emb
@@ -28,11 +28,11 @@ def rope(model, hidden: torch.Tensor, positions: torch.Tensor):
     return text_model(model).rotary_emb(hidden, positions[None].expand(3, *positions.shape))
 
 
-def gdn_verify_layer(mod, x: torch.Tensor, state: HybridState, gi: int) -> torch.Tensor:
+def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
     """`Qwen3_5MoeGatedDeltaNet.forward` for a verified block, with our ops in place of the cache."""
     B, w, _ = x.shape
     # [B, w, C], contiguous in C for the ops
-    mixed = conv_verify(mod, mod.in_proj_qkv(x).transpose(1, 2), state, gi).transpose(1, 2).contiguous()
+    mixed = conv_verify(mod, mod.in_proj_qkv(x).transpose(1, 2), slot).transpose(1, 2).contiguous()
     q, k, v = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
     q = q.reshape(B, w, -1, mod.head_k_dim)
     k = k.reshape(B, w, -1, mod.head_k_dim)
@@ -40,4 +40,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, state: HybridState, gi: int) -> torch
     z = mod.in_proj_z(x).reshape(B, w, -1, mod.head_v_dim)
     beta = mod.in_proj_b(x).sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(mod.in_proj_a(x).float() + mod.dt_bias)
-    return gdn_core(mod, q, k, v, g, beta, z, state, gi)
+    return gdn_core(mod, q, k, v, g, beta, z, slot, num_tokens)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from transformers.models.qwen3_next import modeling_qwen3_next as modeling
 
 from hybridspec.patches.common import conv_verify, gdn_core
-from hybridspec.state import HybridState
+from hybridspec.state import GDNSlot
 
 MODEL_TYPES = ("Qwen3NextForCausalLM",)
 apply_rope = modeling.apply_rotary_pos_emb
@@ -25,17 +25,17 @@ def rope(model, hidden: torch.Tensor, positions: torch.Tensor):
     return model.model.rotary_emb(hidden, positions)
 
 
-def gdn_verify_layer(mod, x: torch.Tensor, state: HybridState, gi: int) -> torch.Tensor:
+def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
     """`Qwen3NextGatedDeltaNet.forward` for a verified block, with our ops in place of the cache."""
     B, w, _ = x.shape
     q, k, v, z, b, a = mod.fix_query_key_value_ordering(mod.in_proj_qkvz(x), mod.in_proj_ba(x))
     mixed = torch.cat([t.reshape(B, w, -1) for t in (q, k, v)], dim=-1).transpose(1, 2)
     # [B, w, C], contiguous in C for the ops
-    mixed = conv_verify(mod, mixed, state, gi).transpose(1, 2).contiguous()
+    mixed = conv_verify(mod, mixed, slot).transpose(1, 2).contiguous()
     q, k, v = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
     q = q.reshape(B, w, -1, mod.head_k_dim)
     k = k.reshape(B, w, -1, mod.head_k_dim)
     v = v.reshape(B, w, -1, mod.head_v_dim)
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, q, k, v, g, beta, z, state, gi)
+    return gdn_core(mod, q, k, v, g, beta, z, slot, num_tokens)

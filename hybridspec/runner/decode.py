@@ -14,6 +14,7 @@ import warnings
 import torch
 from transformers.generation import logits_process
 
+from hybridspec.policy import FixedPolicy, RatioPolicy
 from hybridspec.runner.round import Sampler
 from hybridspec.runner.runner import Runner
 from hybridspec.runner.stopping import HostStopping
@@ -53,12 +54,12 @@ def warn_fallback(model, reason: str) -> None:
         warnings.warn(f"hybridspec: {reason}, so this call runs the reference loop without CUDA graphs", stacklevel=5)
 
 
-def _key(obj):
-    try:
-        hash(obj)
-        return obj
-    except TypeError:
-        return id(obj)
+def _policy_key(policy):
+    """Fixed and ratio policies compare by value; an adaptive one (it holds tensors and a fitted
+    model) by identity: reuse a loaded `Calibration` object to reuse its captured round."""
+    if isinstance(policy, (FixedPolicy, RatioPolicy)):
+        return policy
+    return id(policy)
 
 
 def _sampler(logits_processor, generation_config) -> tuple[Sampler, tuple]:
@@ -73,10 +74,10 @@ def cached_runner(model, drafter, policy, logits_processor, generation_config, e
     """The model's runner for this combination, built (and captured) when the last one does not fit.
     Capacity is the call's `max_length` rounded up to a power of two (at least 256)."""
     sampler, sampler_key = _sampler(logits_processor, generation_config)
-    key = (id(drafter), _key(policy), sampler_key, enforce_eager)
+    key = (id(drafter), _policy_key(policy), sampler_key, enforce_eager)
     need = generation_config.max_length
     runner = getattr(model, _ATTR, None)
-    if runner is not None and runner.key == key and runner.capacity >= need:
+    if runner is not None and runner.key == key and runner.capacity >= need and runner.drafter is drafter:
         # the warpers hold the same values; this call's objects serve its own processing
         runner.sampler.warpers = sampler.warpers
         return runner

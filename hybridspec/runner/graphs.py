@@ -20,15 +20,17 @@ class CapturedStep:
         self.graph: torch.cuda.CUDAGraph | None = None
         if device.type != "cuda" or enforce_eager:
             return
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
+        # the warm-up draws random numbers: leave the caller's generator state as it was
+        with torch.random.fork_rng(devices=[device]):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    fn()
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool):
                 fn()
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            fn()
 
     @property
     def captured(self) -> bool:

@@ -6,8 +6,14 @@
 and the commit advances by m. So one captured graph serves every length and nothing is read on the
 host. `ar_step` is autoregressive decoding (w = 1, no drafter) on the same buffers.
 
-Each step writes its result to `io.out` `[B, T + 4]`: the T tokens of the round (the first m are
-emitted), then m, w, w0 and a flag set when an emitted sampled position had an empty distribution.
+Each step writes its result to `io.out` `[B, T + 5]`: the T tokens of the round (the first m are
+emitted), then m, w, w0, the first emitted position whose sampled distribution was empty (T + 1
+if none; the host raises on reaching it, as transformers' sampler would) and the distinct Layer-0
+experts the w verified tokens routed to (-1 where Layer 0 has no router boundary).
+
+Where Layer 0 is GDN + sparse MoE every round runs as Stage 0 + Stage 1 (the same arithmetic as
+one forward, `tests/generation/test_two_stage.py`), so the Layer-0 routing is at hand for the
+correction and the statistics.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from hybridspec.generation.accept import greedy_accept, sample_accept
-from hybridspec.ops.routing import new_expert_counts
-from hybridspec.patches.forward import has_router_boundary, stage0, stage1, verify_forward
+from hybridspec.generation.accept import first_empty, greedy_accept, sample_accept
+from hybridspec.ops.routing import distinct_prefix_counts
+from hybridspec.patches.forward import EAGER, Blocks, has_router_boundary, stage0, stage1, verify_forward
 from hybridspec.state import HybridState
 
 # columns of `io.out` after the tokens
-M, W_COL, W0_COL, EMPTY_COL = range(4)
+M, W_COL, W0_COL, EMPTY_COL, L0_COL = range(5)
+EXTRA = 5
 
 
 @dataclass
@@ -31,12 +38,12 @@ class RoundIO:
 
     anchor: torch.Tensor  # [B, 1] long: x_0, the newest token the target has not processed
     budget: torch.Tensor  # [B] long: output tokens still allowed after the anchor
-    out: torch.Tensor  # [B, T + 4] long
+    out: torch.Tensor  # [B, T + EXTRA] long
 
     @classmethod
     def allocate(cls, width: int, device) -> RoundIO:
         return cls(torch.zeros(1, 1, dtype=torch.long, device=device), torch.ones(1, dtype=torch.long, device=device),
-                   torch.zeros(1, width + 4, dtype=torch.long, device=device))
+                   torch.zeros(1, width + EXTRA, dtype=torch.long, device=device))
 
 
 @dataclass
@@ -64,29 +71,31 @@ class Sampler:
         return rule(processed, draft, num_tokens)
 
     def empty(self, processed: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
-        """`[B]` long: 1 where a sampled, emitted position (0..A) has every score -inf or NaN."""
+        """`[B]` long: the first emitted position with an empty distribution when sampling, else T + 1."""
         if not self.do_sample:
-            return torch.zeros_like(accepted)
-        bad = processed.amax(-1).isneginf() | processed.isnan().any(-1)  # [B, T]
-        emitted = torch.arange(processed.shape[1], device=bad.device) <= accepted[:, None]
-        return (bad & emitted).any(-1).long()
+            return torch.full_like(accepted, processed.shape[1] + 1)
+        return first_empty(processed, accepted)
 
 
 class RoundProgram:
     """The steps of one (target, drafter, policy, sampler) combination over one `HybridState`
     whose `length` is a `[1]` device tensor."""
 
-    def __init__(self, family, model, state: HybridState, io: RoundIO, sampler: Sampler, drafter=None, policy=None):
+    def __init__(self, family, model, state: HybridState, io: RoundIO, sampler: Sampler, drafter=None, policy=None,
+                 blocks: Blocks = EAGER):
         self.family, self.model, self.state, self.io, self.sampler = family, model, state, io, sampler
+        self.blocks = blocks
         self.drafter, self.policy = drafter, policy
         self.lm_head = model.get_output_embeddings()
         self.taps = tuple(drafter.target_layer_ids) if drafter is not None else ()
         self.correction = None
-        if policy is not None and getattr(policy, "correction", None) is not None and has_router_boundary(family, model):
+        self.split = has_router_boundary(family, model)
+        if self.split:
+            self.num_experts = family.text_model(model).layers[0].mlp.gate.weight.shape[0]
+        if policy is not None and getattr(policy, "correction", None) is not None and self.split:
             device = state.gdn_states.device
             c = policy.correction
             self.correction = replace(c, cost=c.cost.to(device), nbar=c.nbar.to(device), nbar_given=c.nbar_given.to(device))
-            self.num_experts = family.text_model(model).layers[0].mlp.gate.weight.shape[0]
         acceptance = getattr(policy, "acceptance", None)
         if acceptance is not None:
             acceptance.prepare(state.gdn_states.device)
@@ -102,43 +111,53 @@ class RoundProgram:
         w0 = choice.w0
         tokens = torch.cat([io.anchor, block.tokens], dim=-1)  # [B, W]
         state.num_tokens = None
-        if self.correction is not None:
-            kept = stage0(self.family, self.model, tokens, state)
-            # token w0 + 1 against the union of the first w0: entry w0 of the new-expert counts
-            n_new = new_expert_counts(kept.topk_ids, self.num_experts).gather(1, w0.clamp(max=W - 1)[:, None])[:, 0]
-            extra = self.correction.keep_extra(choice.prefix, w0, n_new) & (w0 < cap)
-            w = w0 + extra.long()
-            state.num_tokens = w
-            if self.policy.two_stage:
-                hidden, feats = stage1(self.family, self.model, kept, W, state, self.taps)
-            else:
-                hidden, feats = verify_forward(self.family, self.model, tokens, state, self.taps)
-        else:
+        if not self.split:
             w = w0
             state.num_tokens = w
-            hidden, feats = verify_forward(self.family, self.model, tokens, state, self.taps)
+            hidden, feats = verify_forward(self.family, self.model, tokens, state, self.taps, blocks=self.blocks)
+            layer0 = torch.full_like(w, -1)
+        else:
+            kept = stage0(self.family, self.model, tokens, state)
+            distinct = distinct_prefix_counts(kept.topk_ids, self.num_experts)  # [B, W]
+            w = w0
+            if self.correction is not None:
+                # token w0 + 1 against the union of the first w0: entry w0 of the new-expert counts
+                at = w0.clamp(1, W - 1)[:, None]
+                n_new = (distinct.gather(1, at) - distinct.gather(1, at - 1))[:, 0]
+                extra = self.correction.keep_extra(choice.prefix, w0, n_new) & (w0 < cap)
+                w = w0 + extra.long()
+            state.num_tokens = w
+            layer0 = distinct.gather(1, (w - 1)[:, None])[:, 0]
+            if getattr(self.policy, "two_stage", True):
+                hidden, feats = stage1(self.family, self.model, kept, W, state, self.taps, blocks=self.blocks)
+            else:
+                hidden, feats = verify_forward(self.family, self.model, tokens, state, self.taps, blocks=self.blocks)
         processed = self.sampler.process(self.lm_head(hidden).float())  # [B, W, V]
         emitted, accepted = self.sampler.accept(processed, block.tokens, w)
+        if getattr(self.drafter, "forced", False):
+            # benchmark mode of the replay drafter: its draws decide, the target's work stays
+            accepted = torch.minimum(self.drafter.forced_accepted, w - 1)
+            emitted = self.drafter.forced_truth
         m = accepted + 1
         state.commit_static(m)
         self.drafter.observe(feats, m)
-        self._finish(emitted, accepted, w, w0, processed)
+        self._finish(emitted, accepted, w, w0, processed, layer0)
 
     @torch.no_grad()
     def ar_step(self) -> None:
         """One autoregressive token: verify the anchor alone, accept, commit it."""
         io, state = self.io, self.state
         state.num_tokens = None
-        hidden, _ = verify_forward(self.family, self.model, io.anchor, state)
+        hidden, _ = verify_forward(self.family, self.model, io.anchor, state, blocks=self.blocks)
         processed = self.sampler.process(self.lm_head(hidden).float())  # [B, 1, V]
         emitted, accepted = self.sampler.accept(processed, io.anchor[:, :0], None)
         one = accepted + 1
         state.commit_static(one)
-        self._finish(emitted, accepted, one, one, processed)
+        self._finish(emitted, accepted, one, one, processed, torch.full_like(one, -1))
 
-    def _finish(self, emitted, accepted, w, w0, processed) -> None:
+    def _finish(self, emitted, accepted, w, w0, processed, layer0) -> None:
         io = self.io
         io.anchor.copy_(emitted.gather(1, accepted[:, None]))
         io.budget.sub_(accepted + 1)
         empty = self.sampler.empty(processed, accepted)
-        io.out.copy_(torch.cat([emitted, torch.stack([accepted + 1, w, w0, empty], dim=-1)], dim=-1))
+        io.out.copy_(torch.cat([emitted, torch.stack([accepted + 1, w, w0, empty, layer0], dim=-1)], dim=-1))

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridspec.generation.accept import greedy_accept, process_positions, read_accepted, sample_accept
+from hybridspec.generation.accept import EMPTY_MESSAGE, greedy_accept, process_positions, read_accepted, sample_accept
 from hybridspec.generation.prefill import prefill
 from hybridspec.patches import family_of
-from hybridspec.patches.forward import empty_state, load_prefill
+from hybridspec.patches.forward import EAGER, Blocks, empty_state, load_prefill
 from hybridspec.runner.graphs import CapturedStep
-from hybridspec.runner.round import EMPTY_COL, M, W0_COL, W_COL, RoundIO, RoundProgram, Sampler
+from hybridspec.runner.round import EMPTY_COL, EXTRA, L0_COL, M, W0_COL, W_COL, RoundIO, RoundProgram, Sampler
 from hybridspec.runner.stopping import HostStopping
 from hybridspec.state import MAX_VERIFY
 
@@ -38,8 +38,13 @@ class RunStats:
     verify_lengths: list[int] = field(default_factory=list)
     nominal_lengths: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    # distinct Layer-0 experts of each round's verified tokens (-1: no router boundary)
+    layer0_experts: list[int] = field(default_factory=list)
     # host seconds per round spent outside waiting for the device (replay, copies, reading)
     host_seconds: list[float] = field(default_factory=list)
+    # wall time of `decode` including the rounds launched past the stop (device synchronised)
+    seconds: float = 0.0
+    launched: int = 0
 
 
 class Runner:
@@ -48,10 +53,12 @@ class Runner:
     `drafter`: a device-resident drafter (`DFlashDrafter`, `DeviceReplayDrafter`) or None for
     autoregressive decoding. `policy`: a `hybridspec.policy` length policy (ignored without a
     drafter). `capacity`: the longest sequence (prompt + output) a request may reach.
-    `enforce_eager`: run the step without CUDA graphs (always so on the CPU)."""
+    `enforce_eager`: run the step without CUDA graphs (always so on the CPU). `compile`: compile
+    each decoder-layer kind once with `torch.compile` (fusing its elementwise work) before capture;
+    default on when graphs are captured."""
 
     def __init__(self, model, drafter=None, policy=None, *, capacity: int, sampler: Sampler | None = None,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, compile: bool | None = None):
         self.model, self.drafter, self.policy = model, drafter, policy
         self.family = family_of(model)
         self.sampler = sampler or Sampler(do_sample=False)
@@ -65,12 +72,21 @@ class Runner:
         if drafter is not None:
             drafter.reset(1, rows)
         self.io = RoundIO.allocate(self.width, self.device)
-        self.program = RoundProgram(self.family, model, self.state, self.io, self.sampler, drafter, policy)
-        step = self.program.spec_round if drafter is not None else self.program.ar_step
-        self.step = CapturedStep(step, self.device, enforce_eager)
+        graphs = self.device.type == "cuda" and not enforce_eager
+        self.compiled = graphs if compile is None else compile
+        blocks = Blocks.compiled() if self.compiled else EAGER
+        self.program = RoundProgram(self.family, model, self.state, self.io, self.sampler, drafter, policy, blocks)
+        self._step_fn = self.program.spec_round if drafter is not None else self.program.ar_step
+        self._enforce_eager = enforce_eager
+        self.step = CapturedStep(self._step_fn, self.device, enforce_eager)
+        self._drafter_buffers = self._drafter_pointers()
         pinned = self.device.type == "cuda"
-        self.ring = torch.zeros(RING, self.width + 4, dtype=torch.long, pin_memory=pinned)
+        self.ring = torch.zeros(RING, self.width + EXTRA, dtype=torch.long, pin_memory=pinned)
         self.events = [torch.cuda.Event() for _ in range(RING)] if pinned else None
+
+    def _drafter_pointers(self) -> list[int]:
+        buffers = getattr(self.drafter, "static_buffers", None)
+        return [t.data_ptr() for t in buffers()] if buffers is not None else []
 
     @property
     def captured(self) -> bool:
@@ -86,11 +102,18 @@ class Runner:
         if P >= self.capacity:
             raise ValueError(f"a prompt of {P} tokens does not fit a runner of capacity {self.capacity}")
         taps = tuple(self.drafter.target_layer_ids) if self.drafter is not None else ()
+        if self.drafter is not None:
+            self.drafter.reset(1, self.rows)
+            if self._drafter_pointers() != self._drafter_buffers:
+                # the drafter reallocated buffers the graph captured (it served another call in
+                # between): capture again, then clear what the warm-up left
+                self.step = CapturedStep(self._step_fn, self.device, self._enforce_eager)
+                self._drafter_buffers = self._drafter_pointers()
+                self.drafter.reset(1, self.rows)
         logits, cache, feats = prefill(self.model, input_ids, taps)
         load_prefill(self.state, cache)
         del cache
         if self.drafter is not None:
-            self.drafter.reset(1, self.rows)
             self.drafter.observe(feats, P)
         no_draft = input_ids[:, :0]
         if logits_processor is not None:
@@ -99,7 +122,8 @@ class Runner:
             processed = self.sampler.process(logits[:, None])
         rule = sample_accept if self.sampler.do_sample else greedy_accept
         tokens, accepted = rule(processed, no_draft)
-        read_accepted(accepted, processed, self.sampler.do_sample)
+        if read_accepted(accepted, processed, self.sampler.do_sample)[1] == 0:
+            raise RuntimeError(EMPTY_MESSAGE)
         first = tokens[:, :1]
         self.io.anchor.copy_(first)
         return first, processed[:, 0]
@@ -111,6 +135,7 @@ class Runner:
         out, stats = [first], RunStats()
         if stop(prompt_length + 1, first):
             return out, stats
+        started = time.perf_counter()
         self.io.budget.fill_(stop.max_length - prompt_length - 1)
         pending: deque[int] = deque()
         launched = 0
@@ -134,16 +159,18 @@ class Runner:
             done = self._read(self.ring[slot].tolist(), prompt_length, out, stats, stop, on_tokens)
             stats.host_seconds.append((t1 - t0) + (time.perf_counter() - t2))
             if done:
+                if self.events is not None:
+                    torch.cuda.synchronize(self.device)
+                stats.seconds, stats.launched = time.perf_counter() - started, launched
                 return out, stats
 
     def _read(self, row, prompt_length, out, stats, stop, on_tokens) -> bool:
-        m, w, w0, empty = row[self.width + M], row[self.width + W_COL], row[self.width + W0_COL], row[self.width + EMPTY_COL]
-        if empty:
-            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0: every token of a "
-                               "sampled position was masked (all processed scores -inf or NaN)")
+        m, w, w0, empty, layer0 = (row[self.width + c] for c in (M, W_COL, W0_COL, EMPTY_COL, L0_COL))
         done, kept = False, m - 1
         new = []
         for i in range(m):
+            if i == empty:
+                raise RuntimeError(EMPTY_MESSAGE)
             new.append(row[i])
             if stop(prompt_length + len(out) + len(new), row[i]):
                 done, kept = True, i
@@ -152,6 +179,7 @@ class Runner:
         stats.verify_lengths.append(w)
         stats.nominal_lengths.append(w0)
         stats.accepted.append(kept)
+        stats.layer0_experts.append(layer0)
         if on_tokens is not None:
             on_tokens(new)
         return done

@@ -1,0 +1,299 @@
+"""The CUDA-graph runner on the Qwen3.6-35B-A3B shape (random bf16 weights built on the GPU).
+
+Side by side in one run:
+1. Autoregressive decoding, ms/token over `--new` tokens after a `--prompt`-token prompt: our
+   runner (w = 1, one captured graph per token) vs transformers' `generate(cache_implementation=
+   "static")` (its compiled AR; the compile warm-up is excluded and reported). Per-token times are
+   the spacing of a streamer's callbacks after the first token.
+2. Target verification latency C(w), w = 1..16, inside the runner's fixed 16-row graph (lengths on
+   the device, decoder layers compiled as the runner compiles them) for 4 random blocks; the
+   distinct (layer, expert) pairs the w tokens route to and the correlation of C(w) with them;
+   the bytes bound of C(16).
+3. Per-component split at w = 4, 8, 16: the GDN mixers (30 layers), the attention mixers (10), the
+   MoE blocks (40: router, routed experts, shared expert), each compiled and captured alone on
+   real hidden states of the block; "other" = C(w) minus their sum (norms, residuals, embedding,
+   LM head, argmax).
+4. Host time per round of speculative decoding on the runner (CPU time between replays, not
+   waiting), with the replay drafter (simulated acceptance) at w = 16.
+
+    python benchmarks/bench_runner.py [--out bench_out/runner] [--prompt 512] [--new 256] [--skip-hf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, time_ms, write_json  # noqa: E402
+from hybridspec.generation.prefill import prefill  # noqa: E402
+from hybridspec.generation.replay import DeviceReplayDrafter  # noqa: E402
+from hybridspec.patches import family_of  # noqa: E402
+from hybridspec.policy import FixedPolicy  # noqa: E402
+from hybridspec.runner.stopping import HostStopping  # noqa: E402
+from hybridspec.tiny import tiny_drafter, tiny_target  # noqa: E402
+from hybridspec.ops.routing import distinct_prefix_counts  # noqa: E402
+from hybridspec.patches.common import attention_verify, moe_verify  # noqa: E402
+from hybridspec.patches.forward import EAGER, Blocks, load_prefill, verify_forward  # noqa: E402
+from hybridspec.runner import Runner  # noqa: E402
+from hybridspec.shapes import build_drafter, build_target  # noqa: E402
+
+W = 16
+SPLIT_AT = (4, 8, 16)
+# torch.compile the decoder layers (the runner's default on CUDA); --no-compile clears it
+COMPILE = True
+
+
+class Stamps:
+    """A streamer that records when each token arrives (transformers puts the prompt first)."""
+
+    def __init__(self):
+        self.times = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+def hf_static_ar(model, prompt, new):
+    """transformers' compiled static-cache AR: (ms/token, warm-up seconds)."""
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, cache_implementation="static",
+                  eos_token_id=None, pad_token_id=0)
+    t0 = time.perf_counter()
+    model.generate(prompt, **kwargs)
+    warmup = time.perf_counter() - t0
+    per_token = []
+    for _ in range(2):
+        stamps = Stamps()
+        model.generate(prompt, streamer=stamps, **kwargs)
+        # [prompt, token 1, ..., token n]: spacing after the first token
+        gaps = np.diff(stamps.times[2:])
+        per_token.append(float(np.mean(gaps)) * 1e3)
+    return min(per_token), warmup
+
+
+def our_ar(model, prompt, new, compile=None):
+    runner = Runner(model, capacity=prompt.shape[1] + new + 16, compile=COMPILE if compile is None else compile)
+    runner.generate(prompt, 8)
+    runs = []
+    for _ in range(3):
+        first, _ = runner.start(prompt)
+        torch.cuda.synchronize()
+        stop = HostStopping(prompt.shape[1] + new, set(), [])
+        tokens, stats = runner.decode(prompt.shape[1], int(first), stop)
+        runs.append((stats.seconds * 1e3 / (len(tokens) - 1), stats))
+    ms, stats = min(runs, key=lambda r: r[0])
+    host_us = statistics.median(stats.host_seconds) * 1e6
+    out = torch.cat([prompt, torch.tensor([tokens], device=prompt.device)], -1)
+    del runner
+    return ms, host_us, out
+
+
+def bytes_bound(model, distinct_pairs: int, rows: int, bandwidth_gbs: float) -> tuple[float, float]:
+    """(bytes, ms): weights a w-row verification must read (every non-expert weight except the
+    embedding table, whose w rows are negligible; each distinct expert once) plus the GDN states."""
+    per_expert, dense = 0, 0
+    for name, p in model.named_parameters():
+        if ".experts." in name:
+            # gate_up_proj [E, 2I, H] and down_proj [E, H, I] of layer 0: one expert's bytes
+            if name.startswith("model.layers.0."):
+                per_expert += p[0].numel() * p.element_size()
+        elif "embed_tokens" not in name:
+            dense += p.numel() * p.element_size()
+    cfg = model.config
+    gdn = sum(t == "linear_attention" for t in cfg.layer_types)
+    states = gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    total = dense + distinct_pairs * per_expert + states
+    return total, total / (bandwidth_gbs * 1e9) * 1e3
+
+
+def verification_curve(model, drafter, prompt, bandwidth):
+    """C(w) in the runner's 16-row graph and in exact-w graphs, distinct pairs, bytes bound."""
+    family = family_of(model)
+    runner = Runner(model, drafter, FixedPolicy("fixed", W), capacity=prompt.shape[1] + 64)
+    state = runner.state
+    taps = tuple(drafter.target_layer_ids)
+    _, cache, _ = prefill(model, prompt, taps)
+    load_prefill(state, cache)
+    del cache
+    g = torch.Generator().manual_seed(3)
+    blocks = [torch.randint(0, model.config.vocab_size, (1, W), generator=g).cuda() for _ in range(4)]
+    tokens = blocks[0].clone()
+    num = torch.full((1,), W, dtype=torch.long, device="cuda")
+    lm_head = model.get_output_embeddings()
+
+    compiled = Blocks.compiled() if COMPILE else EAGER
+
+    def fixed():
+        state.num_tokens = num
+        hidden, _ = verify_forward(family, model, tokens, state, taps, blocks=compiled)
+        lm_head(hidden).float().argmax(-1)
+
+    fixed_graph = capture(fixed)
+    rows = []
+    for b, block in enumerate(blocks):
+        tokens.copy_(block)
+        routing = []
+        with torch.no_grad():
+            state.num_tokens = None
+            verify_forward(family, model, tokens, state, taps, routing)
+        ids = torch.stack([r[0] for r in routing])  # [layers, W, k]
+        distinct = distinct_prefix_counts(ids, model.config.num_experts).sum(0).tolist()  # [W]
+        for w in range(1, W + 1):
+            num.fill_(w)
+            c_fixed = time_ms(fixed_graph.replay, replays=5, samples=15)
+            rows.append(dict(block=b, w=w, distinct_pairs=distinct[w - 1], fixed_ms=c_fixed))
+    fixed_ms = np.array([r["fixed_ms"] for r in rows])
+    pairs = np.array([r["distinct_pairs"] for r in rows])
+    r_pairs = float(np.corrcoef(fixed_ms, pairs)[0, 1])
+    slope, intercept = np.polyfit(pairs, fixed_ms, 1)
+    c16 = [r for r in rows if r["w"] == W]
+    bound_bytes, bound_ms = bytes_bound(model, int(np.mean([r["distinct_pairs"] for r in c16])), W, bandwidth)
+    c16_ms = float(np.mean([r["fixed_ms"] for r in c16]))
+    del runner, fixed_graph
+    return dict(rows=rows, r_distinct=r_pairs, ms_per_distinct_pair=float(slope), intercept_ms=float(intercept),
+                c16_ms=c16_ms, c16_bound_ms=bound_ms, c16_bound_bytes=bound_bytes, c16_over_bound=c16_ms / bound_ms)
+
+
+def component_split(model, prompt):
+    """Graphs of the GDN mixers, the attention mixers and the MoE blocks alone, at w rows."""
+    family = family_of(model)
+    runner = Runner(model, capacity=prompt.shape[1] + 64)
+    state = runner.state
+    _, cache, _ = prefill(model, prompt, ())
+    load_prefill(state, cache)
+    del cache
+    text = model.model
+    layers = text.layers
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(0, model.config.vocab_size, (1, W), generator=g).cuda()
+    # real inputs of every layer's mixer and MoE block for this block
+    mixer_in, moe_in = {}, {}
+    hooks = []
+    for i, layer in enumerate(layers):
+        hooks.append(layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: mixer_in.__setitem__(i, o)))
+        hooks.append(layer.post_attention_layernorm.register_forward_hook(lambda m, a, o, i=i: moe_in.__setitem__(i, o)))
+    with torch.no_grad():
+        verify_forward(family, model, tokens, state, ())
+    for h in hooks:
+        h.remove()
+    num = torch.full((1,), W, dtype=torch.long, device="cuda")
+    positions = state.length + torch.arange(W, device="cuda")[None]
+    cos_sin = family.rope(model, mixer_in[0], positions)
+
+    gdn_mixer = torch.compile(family.gdn_verify_layer, dynamic=False)
+    attention_mixer = torch.compile(attention_verify, dynamic=False)
+    moe_block = torch.compile(moe_verify, dynamic=False)
+
+    def gdn():
+        for i in state.gdn_layers:
+            gdn_mixer(layers[i].linear_attn, mixer_in[i], state.gdn(i, W), num)
+
+    def attention():
+        for i in state.attn_layers:
+            ai = state.attn_slot[i]
+            attention_mixer(layers[i].self_attn, mixer_in[i], cos_sin, state.keys[ai], state.values[ai], state.length,
+                            family.apply_rope)
+
+    def moe():
+        for i, layer in enumerate(layers):
+            moe_block(layer.mlp, moe_in[i], None, num)
+
+    pool = torch.cuda.graph_pool_handle()
+    graphs = {name: capture(fn, pool=pool) for name, fn in (("gdn", gdn), ("attention", attention), ("moe", moe))}
+    out = {}
+    for w in SPLIT_AT:
+        num.fill_(w)
+        out[w] = {name: time_ms(graph.replay, replays=5, samples=15) for name, graph in graphs.items()}
+    del runner, graphs
+    return out
+
+
+def spec_host_time(model, drafter, prompt, continuation, new):
+    replay = DeviceReplayDrafter(drafter, continuation)
+    replay.bind(model)
+    runner = Runner(model, replay, FixedPolicy("fixed", W), capacity=prompt.shape[1] + new + 16, compile=COMPILE)
+    torch.manual_seed(0)
+    out, stats = runner.generate(prompt, new)
+    torch.manual_seed(0)
+    out, stats = runner.generate(prompt, new)
+    del runner
+    return dict(host_us_median=statistics.median(stats.host_seconds) * 1e6,
+                host_us_mean=statistics.fmean(stats.host_seconds) * 1e6,
+                round_ms=stats.seconds * 1e3 / stats.launched, rounds=len(stats.accepted),
+                mean_accept_length=float(np.mean(stats.accepted)) + 1, exact=bool(torch.equal(out[0, prompt.shape[1]:], continuation[: new])))
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench_out/runner")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=256)
+    parser.add_argument("--skip-hf", action="store_true", help="skip transformers' compiled static AR (~90 s compile)")
+    parser.add_argument("--tiny", action="store_true", help="the tiny random models (a smoke test of this script)")
+    parser.add_argument("--no-compile", action="store_true", help="capture eager decoder layers (no torch.compile)")
+    args = parser.parse_args()
+    global COMPILE
+    COMPILE = not args.no_compile
+    torch.backends.cuda.matmul.allow_tf32 = False
+    info = env_info()
+    print(info)
+    t0 = time.perf_counter()
+    if args.tiny:
+        model, drafter = tiny_target().cuda(), tiny_drafter().cuda()
+    else:
+        model, drafter = build_target("qwen3.6-35b-a3b"), build_drafter("qwen3.6-35b-a3b")
+    drafter.bind(model)
+    print(f"built the models in {time.perf_counter() - t0:.1f} s")
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0)).cuda()
+    bandwidth = copy_bandwidth_gbs()
+    result = dict(env=info, prompt=args.prompt, new=args.new, copy_bandwidth_gbs=bandwidth)
+
+    t0 = time.perf_counter()
+    ar_ms, ar_host_us, ar_out = our_ar(model, prompt, args.new)
+    ar_setup = time.perf_counter() - t0
+    eager_ms, _, eager_out = our_ar(model, prompt, args.new, compile=False)
+    _, ar_bound_ms = bytes_bound(model, 8 * model.config.num_hidden_layers, 1, bandwidth)
+    result["ar"] = dict(ours_ms_per_token=ar_ms, host_us_per_token=ar_host_us, bytes_bound_ms=ar_bound_ms,
+                        ours_uncompiled_layers_ms_per_token=eager_ms, setup_and_runs_s=ar_setup,
+                        compiled_equals_uncompiled=bool(torch.equal(ar_out, eager_out)))
+    print(f"AR (ours, CUDA graph): {ar_ms:.3f} ms/token (uncompiled layers {eager_ms:.3f}); bytes bound "
+          f"{ar_bound_ms:.3f} ms; host {ar_host_us:.1f} us/token; compile+capture+runs {ar_setup:.0f} s")
+    continuation = ar_out[0, args.prompt:]
+
+    result["spec_host"] = spec_host_time(model, drafter, prompt, continuation, args.new)
+    print(f"speculative rounds (w = 16, simulated acceptance): {result['spec_host']}")
+
+    curve = verification_curve(model, drafter, prompt, bandwidth)
+    result["verification"] = curve
+    first = [r for r in curve["rows"] if r["block"] == 0]
+    print_table(["w", "distinct (layer, expert)", "C(w) ms"], [[r["w"], r["distinct_pairs"], r["fixed_ms"]] for r in first])
+    print(f"corr(C, distinct pairs) = {curve['r_distinct']:.4f}, {curve['ms_per_distinct_pair'] * 1e3:.2f} us per pair; "
+          f"C(16) = {curve['c16_ms']:.3f} ms vs bytes bound {curve['c16_bound_ms']:.3f} ms ({curve['c16_over_bound']:.2f}x)")
+
+    split = component_split(model, prompt)
+    result["split"] = {str(w): v for w, v in split.items()}
+    fixed_at = {r["w"]: r["fixed_ms"] for r in first}
+    print_table(["w", "GDN ms", "attention ms", "MoE ms", "other ms", "C(w) ms"],
+                [[w, v["gdn"], v["attention"], v["moe"], fixed_at[w] - sum(v.values()), fixed_at[w]] for w, v in split.items()])
+
+    if not args.skip_hf:
+        hf_ms, warmup = hf_static_ar(model, prompt, args.new)
+        result["ar"].update(transformers_static_ms_per_token=hf_ms, transformers_warmup_s=warmup,
+                            speedup_vs_transformers=hf_ms / ar_ms)
+        print(f"AR transformers static compiled: {hf_ms:.3f} ms/token (warm-up {warmup:.0f} s); ours is {hf_ms / ar_ms:.2f}x faster")
+    write_json(Path(args.out) / "runner.json", result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The runner (fixed-shape rounds, device-resident lengths) against target-only decoding and the
+reference loop, on the CPU (the same step functions the GPU captures; GPU tests replay graphs)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import TextStreamer
+
+import hybridspec
+from hybridspec.generation.options import POLICIES
+from hybridspec.generation.replay import DeviceReplayDrafter
+from hybridspec.runner import Runner
+from tests.calibration.synthetic import synthetic_calibration
+from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm, random_drafter
+
+MAX_NEW = 32
+BUILDERS = {"qwen3.5-moe": qwen35_causal_lm, "qwen3-next": qwen3_next_causal_lm}
+# every policy on one family; the other runs the two-stage path and the fixed length
+CASES = [("qwen3.5-moe", p) for p in (*POLICIES, "w=16", "w=2", "uncalibrated")] + [
+    ("qwen3-next", "hybridspec"), ("qwen3-next", "w=16")]
+
+
+@pytest.fixture(scope="module")
+def models():
+    built = {name: build(seed=11) for name, build in BUILDERS.items()}
+    yield built
+    for model in built.values():
+        hybridspec.disable(model)
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def pair(request, models):
+    return models[request.param], random_drafter(seed=2)
+
+
+def reference(model, seed: int, **kwargs):
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, VOCAB, (1, 3 + seed % 9), generator=g)
+    hybridspec.disable(model)
+    ref = model.generate(prompt, max_new_tokens=MAX_NEW, do_sample=False, **kwargs)
+    hybridspec.enable(model)
+    return prompt, ref
+
+
+def both_loops(model, drafter, prompt, ref, seed, **kwargs):
+    """The same call on the runner and on the reference loop, from the same global seed (the
+    replay drafter's draws come from it, a fixed amount per round)."""
+    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:])
+    outs = []
+    for reference_loop in (False, True):
+        torch.manual_seed(seed)
+        outs.append(model.generate(prompt, assistant_model=replay, hybridspec=True, max_new_tokens=MAX_NEW,
+                                   do_sample=False, return_dict_in_generate=True, reference_loop=reference_loop,
+                                   **kwargs))
+    return outs
+
+
+@pytest.mark.parametrize("family,policy", CASES)
+def test_runner_equals_target_only_and_the_reference_loop(models, family, policy):
+    model, drafter = models[family], random_drafter(seed=2)
+    if policy.startswith("w="):
+        kwargs = dict(verify_length=int(policy[2:]))
+    elif policy == "uncalibrated":
+        kwargs = dict(policy="hybridspec")
+    else:
+        kwargs = dict(policy=policy, calibration=synthetic_calibration(model, DeviceReplayDrafter(drafter, torch.zeros(0))))
+    for seed in range(2):
+        prompt, ref = reference(model, seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fast, slow = both_loops(model, drafter, prompt, ref, seed, **kwargs)
+        assert torch.equal(fast.sequences, ref), f"{policy}, seed {seed}"
+        assert torch.equal(slow.sequences, ref)
+        # same lengths, same acceptance, round for round
+        assert fast.hybridspec_stats == slow.hybridspec_stats, f"{policy}, seed {seed}"
+        assert max(fast.hybridspec_stats.accepted) > (0 if policy == "w=2" else 2)
+    assert getattr(model, "_hybridspec_runner") is not None
+
+
+def test_runner_stops_at_eos_inside_a_block(pair):
+    model, drafter = pair
+    prompt, ref = reference(model, 1)
+    # an EOS id that occurs in the middle of the continuation
+    eos = int(ref[0, prompt.shape[1] + 17])
+    prompt, ref = reference(model, 1, eos_token_id=eos, pad_token_id=0)
+    fast, slow = both_loops(model, drafter, prompt, ref, 1, verify_length=16, eos_token_id=eos, pad_token_id=0)
+    assert ref.shape[1] < prompt.shape[1] + MAX_NEW and ref[0, -1] == eos
+    assert torch.equal(fast.sequences, ref) and torch.equal(slow.sequences, ref)
+    assert fast.hybridspec_stats == slow.hybridspec_stats
+
+
+def test_runner_streams_what_it_returns(pair):
+    model, drafter = pair
+    prompt, ref = reference(model, 2)
+
+    class Recorder(TextStreamer):
+        def __init__(self):
+            self.seen = []
+
+        def put(self, value):
+            self.seen.extend(value.flatten().tolist())
+
+        def end(self):
+            self.seen.append("end")
+
+    streamer = Recorder()
+    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:])
+    out = model.generate(prompt, assistant_model=replay, hybridspec=True, max_new_tokens=MAX_NEW, do_sample=False,
+                         streamer=streamer, verify_length=8)
+    assert torch.equal(out, ref)
+    # transformers puts the prompt first, then every new token once
+    assert streamer.seen == ref[0].tolist() + ["end"]
+
+
+def test_autoregressive_runner_equals_target_only(pair):
+    model, _ = pair
+    prompt, ref = reference(model, 4)
+    runner = Runner(model, capacity=64)
+    out, stats = runner.generate(prompt, MAX_NEW)
+    assert torch.equal(out, ref)
+    assert set(stats.verify_lengths) == {1} and set(stats.accepted) == {0}
+    with pytest.raises(ValueError, match="capacity 64"):
+        runner.generate(prompt, 64)
+
+
+def test_calls_the_runner_cannot_serve_run_the_reference_loop(pair):
+    model, drafter = pair
+    prompt, ref = reference(model, 3, repetition_penalty=1.3)
+    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:])
+    model._hybridspec_runner = None
+    out = model.generate(prompt, assistant_model=replay, hybridspec=True, max_new_tokens=MAX_NEW, do_sample=False,
+                         repetition_penalty=1.3, verify_length=8)
+    assert torch.equal(out, ref)
+    assert model._hybridspec_runner is None
+    out = model.generate(prompt, assistant_model=replay, hybridspec=True, max_new_tokens=4, do_sample=False,
+                         output_scores=True, return_dict_in_generate=True, verify_length=8)
+    assert len(out.scores) == 4 and model._hybridspec_runner is None
+
+
+def test_runner_is_reused_across_calls(pair):
+    model, drafter = pair
+    prompt, ref = reference(model, 5)
+    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:])
+    runs = []
+    for _ in range(2):
+        runs.append(model.generate(prompt, assistant_model=replay, hybridspec=True, max_new_tokens=MAX_NEW,
+                                   do_sample=False, verify_length=4))
+        runs.append(model._hybridspec_runner)
+    assert torch.equal(runs[0], ref) and torch.equal(runs[2], ref)
+    assert runs[1] is runs[3]
+    # another length policy is another captured round
+    model.generate(prompt, assistant_model=replay, hybridspec=True, max_new_tokens=MAX_NEW, do_sample=False,
+                   verify_length=5)
+    assert model._hybridspec_runner is not runs[1]

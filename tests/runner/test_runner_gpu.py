@@ -1,0 +1,90 @@
+"""The captured runner on CUDA: graph replays give the eager runner's rounds and target-only tokens."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import hybridspec
+from hybridspec.generation.replay import DeviceReplayDrafter
+from hybridspec.runner import Runner
+from hybridspec.tiny import tiny_drafter
+from tests.calibration.synthetic import synthetic_calibration
+from tests.models import qwen3_next_causal_lm, qwen35_causal_lm
+
+PROMPT = torch.arange(3, 14)[None]
+MAX_NEW = 48
+
+
+def generate(model, drafter, enforce_eager, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, eos_token_id=None, assistant_model=drafter,
+                              hybridspec=True, enforce_eager=enforce_eager, return_dict_in_generate=True, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
+@pytest.mark.parametrize("lengths", ["w=16", "uncalibrated", "hybridspec", "evict"])
+def test_captured_rounds_equal_eager_rounds_and_target_only(build, lengths):
+    model = build(seed=4).cuda()
+    ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
+    hybridspec.enable(model)
+    replay = DeviceReplayDrafter(tiny_drafter().cuda(), ref[0, PROMPT.shape[1]:])
+
+    def arguments(drafter):
+        if lengths == "w=16":
+            return dict(verify_length=16)
+        if lengths == "uncalibrated":
+            return dict(policy="hybridspec")
+        return dict(policy=lengths, calibration=synthetic_calibration(model, drafter))
+
+    # a deterministic drafter: graph replays and eager rounds must agree round for round
+    dflash = replay.drafter
+    kwargs = arguments(dflash)
+    graphs = generate(model, dflash, False, **kwargs)
+    assert model._hybridspec_runner.captured
+    eager = generate(model, dflash, True, **kwargs)
+    assert not model._hybridspec_runner.captured
+    assert torch.equal(graphs.sequences, ref) and torch.equal(eager.sequences, ref)
+    assert graphs.hybridspec_stats == eager.hybridspec_stats
+    # simulated acceptance (draws from the CUDA generator, whose stream differs between a graph
+    # and eager launches): exact, seeded, and long accepted runs
+    kwargs = arguments(replay)
+    runs = [generate(model, replay, False, seed=5, **kwargs) for _ in range(2)]
+    assert all(torch.equal(r.sequences, ref) for r in runs)
+    assert runs[0].hybridspec_stats == runs[1].hybridspec_stats
+    stats = runs[0].hybridspec_stats
+    assert max(stats.accepted) > 2
+    if lengths == "hybridspec":
+        assert any(w == w0 + 1 for w, w0 in zip(stats.verify_lengths, stats.nominal_lengths))
+    assert torch.equal(generate(model, replay, True, seed=5, **kwargs).sequences, ref)
+
+
+@pytest.mark.gpu
+def test_captured_autoregressive_runner_equals_target_only():
+    model = qwen35_causal_lm(seed=4).cuda()
+    ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
+    runner = Runner(model, capacity=256)
+    assert runner.captured
+    for _ in range(2):
+        out, stats = runner.generate(PROMPT.cuda(), MAX_NEW)
+        assert torch.equal(out, ref) and len(stats.verify_lengths) == MAX_NEW - 1
+
+
+@pytest.mark.gpu
+def test_captured_sampling_is_seeded_and_top_k_one_is_greedy():
+    model = hybridspec.enable(qwen35_causal_lm(seed=4).cuda())
+    hybridspec.disable(model)
+    greedy = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
+    hybridspec.enable(model)
+    drafter = DeviceReplayDrafter(tiny_drafter().cuda(), greedy[0, PROMPT.shape[1]:])
+    runs = [generate(model, drafter, False, seed, do_sample=True, temperature=0.8, verify_length=8).sequences
+            for seed in (0, 0, 1)]
+    assert model._hybridspec_runner.captured
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    one = generate(model, drafter, False, 0, do_sample=True, top_k=1, verify_length=8).sequences
+    assert torch.equal(one, greedy)
