@@ -155,3 +155,25 @@ def test_runner_is_reused_across_calls(pair):
     model.generate(prompt, assistant_model=replay, hybridspec=True, max_new_tokens=MAX_NEW, do_sample=False,
                    verify_length=5)
     assert model._hybridspec_runner is not runs[1]
+
+
+def test_forced_replay_takes_the_drawn_acceptance(pair):
+    """The benchmark mode: accept lengths come from the replay draws and the tokens are the
+    continuation, on the runner and on the reference loop alike."""
+    model, drafter = pair
+    prompt, ref = reference(model, 6)
+    # a continuation the target would not produce: forcing must not consult the target
+    continuation = (ref[0, prompt.shape[1]:] + 1) % VOCAB
+    replay = DeviceReplayDrafter(drafter, continuation, forced=True)
+    outs = []
+    for reference_loop in (False, True):
+        torch.manual_seed(3)
+        outs.append(model.generate(prompt, assistant_model=replay, hybridspec=True, max_new_tokens=MAX_NEW,
+                                   do_sample=False, return_dict_in_generate=True, verify_length=16,
+                                   reference_loop=reference_loop))
+    for out in outs:
+        # the first token is the prefill's own; the rounds emit the continuation after it
+        assert torch.equal(out.sequences[0, : prompt.shape[1] + 1], ref[0, : prompt.shape[1] + 1])
+        assert torch.equal(out.sequences[0, prompt.shape[1] + 1 :], continuation[1:])
+    assert outs[0].hybridspec_stats == outs[1].hybridspec_stats
+    assert max(outs[0].hybridspec_stats.accepted) > 2
