@@ -93,6 +93,7 @@ def our_ar(model, prompt, new, compile=None):
         runs.append((stats.seconds * 1e3 / (len(tokens) - 1), stats))
     ms, stats = min(runs, key=lambda r: r[0])
     host_us = statistics.median(stats.host_seconds) * 1e6
+    print(f"  AR host us per token: median {host_us:.1f}, of which the replay call {statistics.median(stats.replay_seconds) * 1e6:.1f}")
     out = torch.cat([prompt, torch.tensor([tokens], device=prompt.device)], -1)
     del runner
     return ms, host_us, out
@@ -242,6 +243,7 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="skip transformers' compiled static AR (~90 s compile)")
     parser.add_argument("--tiny", action="store_true", help="the tiny random models (a smoke test of this script)")
     parser.add_argument("--no-compile", action="store_true", help="capture eager decoder layers (no torch.compile)")
+    parser.add_argument("--only-ar", action="store_true", help="stop after the autoregressive comparison")
     args = parser.parse_args()
     global COMPILE
     COMPILE = not args.no_compile
@@ -270,6 +272,9 @@ def main() -> None:
     print(f"AR (ours, CUDA graph): {ar_ms:.3f} ms/token (uncompiled layers {eager_ms:.3f}); bytes bound "
           f"{ar_bound_ms:.3f} ms; host {ar_host_us:.1f} us/token; compile+capture+runs {ar_setup:.0f} s")
     continuation = ar_out[0, args.prompt:]
+    if args.only_ar:
+        write_json(Path(args.out) / "runner.json", result)
+        return
 
     result["spec_host"] = spec_host_time(model, drafter, prompt, continuation, args.new)
     print(f"speculative rounds (w = 16, simulated acceptance): {result['spec_host']}")

@@ -42,6 +42,8 @@ class RunStats:
     layer0_experts: list[int] = field(default_factory=list)
     # host seconds per round spent outside waiting for the device (replay, copies, reading)
     host_seconds: list[float] = field(default_factory=list)
+    # the part of it spent in the graph replay call alone
+    replay_seconds: list[float] = field(default_factory=list)
     # wall time of `decode` including the rounds launched past the stop (device synchronised)
     seconds: float = 0.0
     launched: int = 0
@@ -142,6 +144,7 @@ class Runner:
         while True:
             t0 = time.perf_counter()
             self.step()
+            stats.replay_seconds.append(time.perf_counter() - t0)
             slot = launched % RING
             self.ring[slot].copy_(self.io.out[0], non_blocking=True)
             if self.events is not None:
