@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, time_ms, write_json  # noqa: E402
+from hybridspec.bench import transformers_static  # noqa: E402
 from hybridspec.generation.prefill import prefill  # noqa: E402
 from hybridspec.generation.replay import DeviceReplayDrafter  # noqa: E402
 from hybridspec.patches import family_of  # noqa: E402
@@ -51,34 +52,10 @@ SPLIT_AT = (4, 8, 16)
 COMPILE = True
 
 
-class Stamps:
-    """A streamer that records when each token arrives (transformers puts the prompt first)."""
-
-    def __init__(self):
-        self.times = []
-
-    def put(self, value):
-        self.times.append(time.perf_counter())
-
-    def end(self):
-        pass
-
-
 def hf_static_ar(model, prompt, new):
     """transformers' compiled static-cache AR: (ms/token, warm-up seconds)."""
-    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, cache_implementation="static",
-                  eos_token_id=None, pad_token_id=0)
-    t0 = time.perf_counter()
-    model.generate(prompt, **kwargs)
-    warmup = time.perf_counter() - t0
-    per_token = []
-    for _ in range(2):
-        stamps = Stamps()
-        model.generate(prompt, streamer=stamps, **kwargs)
-        # [prompt, token 1, ..., token n]: spacing after the first token
-        gaps = np.diff(stamps.times[2:])
-        per_token.append(float(np.mean(gaps)) * 1e3)
-    return min(per_token), warmup
+    _, seconds, warmup = transformers_static(model, [prompt], new)
+    return seconds[0] * 1e3 / (new - 1), warmup
 
 
 def our_ar(model, prompt, new, compile=None):

@@ -108,7 +108,7 @@ class _Stamps:
         pass
 
 
-def _transformers_static(model, prompts, new):
+def transformers_static(model, prompts, new):
     """transformers' compiled static AR: decode seconds per prompt (streamer spacing after the
     first token) and the compile warm-up in seconds."""
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, cache_implementation="static",
@@ -227,7 +227,7 @@ def run(args) -> dict:
 
     rows = [_row("AR (ours)", ar_outs, ar_seconds, ar_outs, ar_seconds)]
     if device.type == "cuda" and not args.skip_transformers:
-        hf_outs, hf_seconds, warmup = _transformers_static(model, eval_prompts, new)
+        hf_outs, hf_seconds, warmup = transformers_static(model, eval_prompts, new)
         rows.append(_row("transformers static AR", hf_outs, hf_seconds, ar_outs, ar_seconds))
         rows[-1]["compile_warmup_s"] = warmup
     forced = getattr(drafter, "forced", False)

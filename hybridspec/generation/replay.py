@@ -55,7 +55,28 @@ def replay_round(generator: torch.Generator | None, truth: torch.Tensor, known: 
     return ReplayRound(tokens, confidence, entropy, correct)
 
 
-class ReplayDrafter:
+class _Wrapping:
+    """What both replay drafters take from the real drafter they wrap (`self.drafter`)."""
+
+    drafter: object
+    vocab_size: int | None
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.block_size
+
+    @property
+    def target_layer_ids(self):
+        return self.drafter.target_layer_ids
+
+    def bind(self, target: torch.nn.Module):
+        self.drafter.bind(target)
+        if self.vocab_size is None:
+            self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        return self
+
+
+class ReplayDrafter(_Wrapping):
     """A Drafter (`hybridspec.drafter.protocol`) that runs `drafter` (e.g. a `DFlashDrafter`) every
     round for its cost and replaces its tokens, confidences and entropies by `replay_round`'s.
 
@@ -74,20 +95,6 @@ class ReplayDrafter:
         self.generator = torch.Generator().manual_seed(seed)
         self.prompt_len = 0
         self._truth = torch.zeros(1, 0, dtype=torch.long)
-
-    @property
-    def block_size(self) -> int:
-        return self.drafter.block_size
-
-    @property
-    def target_layer_ids(self):
-        return self.drafter.target_layer_ids
-
-    def bind(self, target: torch.nn.Module) -> "ReplayDrafter":
-        self.drafter.bind(target)
-        if self.vocab_size is None:
-            self.vocab_size = target.get_output_embeddings().weight.shape[0]
-        return self
 
     def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
         self.prompt_len = input_ids.shape[1]
@@ -114,7 +121,7 @@ class ReplayDrafter:
         self.drafter.observe(features, num_commit)
 
 
-class DeviceReplayDrafter:
+class DeviceReplayDrafter(_Wrapping):
     """The same acceptance model, drawn on the device inside the round: a drafter the runner can
     capture in its CUDA graph (`ReplayDrafter` draws on the host). `drafter` must be
     device-resident (a `DFlashDrafter`); it runs every round for its cost.
@@ -143,20 +150,6 @@ class DeviceReplayDrafter:
         self._known = None  # [1] long: tokens of the continuation in `_truth`
         self._emitted = None  # [1] long: tokens emitted so far, the anchor included
         self._prompt_next = False
-
-    @property
-    def block_size(self) -> int:
-        return self.drafter.block_size
-
-    @property
-    def target_layer_ids(self):
-        return self.drafter.target_layer_ids
-
-    def bind(self, target: torch.nn.Module) -> "DeviceReplayDrafter":
-        self.drafter.bind(target)
-        if self.vocab_size is None:
-            self.vocab_size = target.get_output_embeddings().weight.shape[0]
-        return self
 
     def reset(self, batch_size: int, max_length: int) -> None:
         """As `DFlashDrafter.reset` with a fixed size (the runner's call); the continuation is
