@@ -209,7 +209,7 @@ def default_policy(name: str, max_len: int) -> AdaptivePolicy:
         warnings.warn(
             f"hybridspec: policy={name!r} without calibration uses the built-in default length policy (raw "
             "drafter confidence, linear cost). Lengths adapt per round but are not tuned to this model or GPU, "
-            "and the routing correction and two-stage verification (which need calibration) are off; run "
+            "and the routing correction (which needs calibration) is off; run "
             "`hybridspec calibrate` and pass generate(..., calibration=path).",
             stacklevel=4,
         )
