@@ -14,7 +14,7 @@ import hybridspec
 from hybridspec.calibration import Calibration
 from hybridspec.cli import main
 from hybridspec.generation.options import POLICIES
-from hybridspec.generation.replay import ReplayDrafter
+from hybridspec.generation.replay import DeviceReplayDrafter
 from hybridspec.loading import load_drafter, load_target
 from hybridspec.tiny import tiny_drafter, tiny_target
 
@@ -47,8 +47,9 @@ def test_calibrate_then_generate(tmp_path, capsys):
     assert list(calib.cost) == sorted(calib.cost) and calib.cost[0] >= 0
 
     model = hybridspec.enable(load_target(tmp_path / "target", "cpu"))
-    replay = load_drafter(f"replay:{tmp_path / 'drafter'}", "cpu", seed=7)
-    assert isinstance(replay, ReplayDrafter)
+    replay = load_drafter(f"replay:{tmp_path / 'drafter'}", "cpu")
+    assert isinstance(replay, DeviceReplayDrafter)
+    torch.manual_seed(7)
     prompt = torch.tensor([[5, 9, 33, 70, 2]])
     hybridspec.disable(model)
     ref = model.generate(prompt, max_new_tokens=30, do_sample=False)
