@@ -78,8 +78,6 @@ def cached_runner(model, drafter, policy, logits_processor, generation_config, e
     need = generation_config.max_length
     runner = getattr(model, _ATTR, None)
     if runner is not None and runner.key == key and runner.capacity >= need and runner.drafter is drafter:
-        # the warpers hold the same values; this call's objects serve its own processing
-        runner.sampler.warpers = sampler.warpers
         return runner
     if runner is not None:
         setattr(model, _ATTR, None)
