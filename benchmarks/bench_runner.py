@@ -67,7 +67,7 @@ def our_ar(model, prompt, new, compile=None):
         torch.cuda.synchronize()
         stop = HostStopping(prompt.shape[1] + new, set(), [])
         tokens, stats = runner.decode(prompt.shape[1], int(first), stop)
-        runs.append((stats.seconds * 1e3 / (len(tokens) - 1), stats))
+        runs.append((stats.decode_seconds * 1e3 / (len(tokens) - 1), stats))
     ms, stats = min(runs, key=lambda r: r[0])
     host_us = statistics.median(stats.host_seconds) * 1e6
     print(f"  AR host us per token: median {host_us:.1f}, of which the replay call {statistics.median(stats.replay_seconds) * 1e6:.1f}")
@@ -207,7 +207,7 @@ def spec_host_time(model, drafter, prompt, continuation, new):
     del runner
     return dict(host_us_median=statistics.median(stats.host_seconds) * 1e6,
                 host_us_mean=statistics.fmean(stats.host_seconds) * 1e6,
-                round_ms=stats.seconds * 1e3 / stats.launched, rounds=len(stats.accepted),
+                round_ms=stats.decode_seconds * 1e3 / stats.launched, rounds=len(stats.accepted),
                 mean_accept_length=float(np.mean(stats.accepted)) + 1, exact=bool(torch.equal(out[0, prompt.shape[1]:], continuation[: new])))
 
 

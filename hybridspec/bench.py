@@ -92,7 +92,7 @@ def _ar(model, prompts, new, eos):
     for p in prompts:
         out, stats = runner.generate(p, new, eos_token_id=eos)
         outs.append(out[0, p.shape[1]:])
-        seconds.append(stats.seconds)
+        seconds.append(stats.decode_seconds)
     del runner
     return outs, seconds
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -111,6 +111,10 @@ class RoutingCorrection:
     eta: float  # ms per distinct expert per MoE layer
     nbar: torch.Tensor
     nbar_given: torch.Tensor
+
+    def to(self, device) -> RoutingCorrection:
+        """The same correction with its tables on `device`."""
+        return replace(self, cost=self.cost.to(device), nbar=self.nbar.to(device), nbar_given=self.nbar_given.to(device))
 
     def keep_extra(self, prefix: torch.Tensor, w0: torch.Tensor, n_new: torch.Tensor) -> torch.Tensor:
         """Bool `[B]`: verify `w0 + 1` tokens instead of `w0`. No host read."""

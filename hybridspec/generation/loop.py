@@ -10,7 +10,7 @@ Stopping is checked token by token, as target-only decoding does.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -18,32 +18,12 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from hybridspec.generation.accept import EMPTY_MESSAGE, greedy_accept, process_positions, read_accepted, sample_accept
 from hybridspec.generation.options import HybridSpecOptions
 from hybridspec.generation.prefill import prefill
+from hybridspec.generation.stats import HybridSpecStats
 from hybridspec.generation.verify import Verifier
 from hybridspec.patches import family_of
 from hybridspec.patches.forward import allocate_state
 from hybridspec.runner.decode import cached_runner, runner_blocker, warn_fallback
 from hybridspec.runner.stopping import HostStopping
-
-
-@dataclass
-class HybridSpecStats:
-    verify_lengths: list[int] = field(default_factory=list)
-    # the policy's nominal choice w0 per round (the routing correction may add one token)
-    nominal_lengths: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    # wall time of the rounds (after the prefill and the first token; device synchronised)
-    decode_seconds: float = field(default=0.0, compare=False)
-    # the runner's distinct Layer-0 experts per round (empty from the reference loop)
-    layer0_experts: list[int] = field(default_factory=list, compare=False)
-
-    @property
-    def rounds(self) -> int:
-        return len(self.accepted)
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Mean tokens emitted per round, A + 1."""
-        return sum(a + 1 for a in self.accepted) / max(1, len(self.accepted))
 
 
 @dataclass
@@ -154,13 +134,12 @@ def _decode_on_runner(model, input_ids, logits_processor, stopping_criteria, gen
     put = None if streamer is None else (lambda tokens: streamer.put(torch.tensor([tokens])))
     if put is not None:
         put([int(first)])
-    tokens, run = runner.decode(P, int(first), stop, put)
+    tokens, stats = runner.decode(P, int(first), stop, put)
     if streamer is not None:
         streamer.end()
     seq = torch.cat([input_ids, torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)], dim=-1)
     if not generation_config.return_dict_in_generate:
         return seq
-    stats = HybridSpecStats(run.verify_lengths, run.nominal_lengths, run.accepted, run.seconds, run.layer0_experts)
     return HybridSpecOutput(sequences=seq, hybridspec_stats=stats)
 
 

@@ -12,7 +12,7 @@ it on the device.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -55,7 +55,7 @@ class Verifier:
         if self.correction is not None:
             layer0 = self.family.text_model(self.model).layers[0]
             self.num_experts = layer0.mlp.gate.weight.shape[0]
-            self.correction = _on_device(self.correction, self.state.gdn_states.device)
+            self.correction = self.correction.to(self.state.gdn_states.device)
 
     def __call__(self, anchor: torch.Tensor, block: DraftBlock, remaining: int) -> Verified:
         choice = self.policy.select(block, remaining)
@@ -75,7 +75,3 @@ class Verifier:
             hidden, feats = verify_forward(self.family, self.model, tokens[:, :w], self.state, self.taps, routing)
         return Verified(w0, w, hidden, feats, block.tokens[:, : w - 1], routing)
 
-
-def _on_device(correction, device):
-    return replace(correction, cost=correction.cost.to(device), nbar=correction.nbar.to(device),
-                   nbar_given=correction.nbar_given.to(device))

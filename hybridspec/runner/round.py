@@ -18,7 +18,7 @@ correction and the statistics.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -93,9 +93,7 @@ class RoundProgram:
         if self.split:
             self.num_experts = family.text_model(model).layers[0].mlp.gate.weight.shape[0]
         if policy is not None and getattr(policy, "correction", None) is not None and self.split:
-            device = state.gdn_states.device
-            c = policy.correction
-            self.correction = replace(c, cost=c.cost.to(device), nbar=c.nbar.to(device), nbar_given=c.nbar_given.to(device))
+            self.correction = policy.correction.to(state.gdn_states.device)
         acceptance = getattr(policy, "acceptance", None)
         if acceptance is not None:
             acceptance.prepare(state.gdn_states.device)

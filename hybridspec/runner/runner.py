@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
 from hybridspec.generation.accept import EMPTY_MESSAGE, greedy_accept, process_positions, read_accepted, sample_accept
 from hybridspec.generation.prefill import prefill
+from hybridspec.generation.stats import HybridSpecStats
 from hybridspec.patches import family_of
 from hybridspec.patches.forward import EAGER, Blocks, empty_state, load_prefill
 from hybridspec.runner.graphs import CapturedStep
@@ -31,22 +31,6 @@ from hybridspec.state import MAX_VERIFY
 # rounds in flight before the host reads one back
 LAG = 1
 RING = 4
-
-
-@dataclass
-class RunStats:
-    verify_lengths: list[int] = field(default_factory=list)
-    nominal_lengths: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    # distinct Layer-0 experts of each round's verified tokens (-1: no router boundary)
-    layer0_experts: list[int] = field(default_factory=list)
-    # host seconds per round spent outside waiting for the device (replay, copies, reading)
-    host_seconds: list[float] = field(default_factory=list)
-    # the part of it spent in the graph replay call alone
-    replay_seconds: list[float] = field(default_factory=list)
-    # wall time of `decode` including the rounds launched past the stop (device synchronised)
-    seconds: float = 0.0
-    launched: int = 0
 
 
 class Runner:
@@ -131,10 +115,10 @@ class Runner:
         return first, processed[:, 0]
 
     @torch.no_grad()
-    def decode(self, prompt_length: int, first: int, stop: HostStopping, on_tokens=None) -> tuple[list[int], RunStats]:
+    def decode(self, prompt_length: int, first: int, stop: HostStopping, on_tokens=None) -> tuple[list[int], HybridSpecStats]:
         """Rounds after `start` until `stop` says so. Returns the emitted tokens after the prompt
         (`first` included) and per-round statistics. `on_tokens(list)` sees each round's tokens."""
-        out, stats = [first], RunStats()
+        out, stats = [first], HybridSpecStats()
         if stop(prompt_length + 1, first):
             return out, stats
         started = time.perf_counter()
@@ -164,7 +148,7 @@ class Runner:
             if done:
                 if self.events is not None:
                     torch.cuda.synchronize(self.device)
-                stats.seconds, stats.launched = time.perf_counter() - started, launched
+                stats.decode_seconds, stats.launched = time.perf_counter() - started, launched
                 return out, stats
 
     def _read(self, row, prompt_length, out, stats, stop, on_tokens) -> bool:
@@ -187,7 +171,7 @@ class Runner:
             on_tokens(new)
         return done
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> tuple[torch.Tensor, RunStats]:
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> tuple[torch.Tensor, HybridSpecStats]:
         """Plain decoding (no transformers processors): `[1, P + n]` and the statistics."""
         P = input_ids.shape[1]
         if P + max_new_tokens > self.capacity:

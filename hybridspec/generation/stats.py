@@ -1,0 +1,33 @@
+"""`HybridSpecStats`: per-round statistics of one call, from the runner or the reference loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class HybridSpecStats:
+    verify_lengths: list[int] = field(default_factory=list)
+    # the policy's nominal choice w0 per round (the routing correction may add one token)
+    nominal_lengths: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    # wall time of the rounds (after the prefill and the first token; device synchronised); the
+    # runner's includes the rounds launched past the stop
+    decode_seconds: float = field(default=0.0, compare=False)
+    # the runner's distinct Layer-0 experts per round (-1: no router boundary; empty from the
+    # reference loop)
+    layer0_experts: list[int] = field(default_factory=list, compare=False)
+    # the runner's host seconds per round outside waiting for the device, the part of it in the
+    # graph replay call, and the rounds it launched
+    host_seconds: list[float] = field(default_factory=list, compare=False)
+    replay_seconds: list[float] = field(default_factory=list, compare=False)
+    launched: int = field(default=0, compare=False)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Mean tokens emitted per round, A + 1."""
+        return sum(a + 1 for a in self.accepted) / max(1, len(self.accepted))
