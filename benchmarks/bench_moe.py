@@ -7,6 +7,11 @@ selected experts' bytes at the device-to-device copy bandwidth measured in this 
 written). Every sample picks a fresh random set of experts and the L2 is flushed before it, so no
 sample finds its weights in L2. Fit latency = a + eta * U per path; report eta and Pearson r.
 
+The flush reads 256 MB (`--flush read`, the default): the L2 then holds clean lines, as it does in
+a decode step, where the kernels before an MoE layer mostly read weights. `--flush write` writes
+256 MB instead (the first runs' protocol): the timed op then also pays the write-back of the dirty
+lines it evicts.
+
     python benchmarks/bench_moe.py [--out bench_out/moe.json] [--config gate_up_block_i=64,pdl=0,...]
     python benchmarks/bench_moe.py --sweep     # pdl/tile/warp/stage sweep, then the full run with the best
 
@@ -54,7 +59,7 @@ def routing(rows: int, U: int, gen: torch.Generator):
 
 
 def timed(run, ids_buf, w_buf, samples, flush):
-    """Median-ready latencies (us) of `run`, one per routing sample, L2 flushed before each."""
+    """Median-ready latencies (us) of `run`, one per routing sample, `flush()` run before each."""
     # warm-up
     for ids, w in samples[:3]:
         ids_buf.copy_(ids)
@@ -62,7 +67,7 @@ def timed(run, ids_buf, w_buf, samples, flush):
         run()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in samples]
     for (ids, w), (a, b) in zip(samples, ev):
-        flush.zero_()
+        flush()
         ids_buf.copy_(ids)
         w_buf.copy_(w)
         a.record()
@@ -88,12 +93,14 @@ def transformers_experts(gate_up, down, impl):
 
 
 class Bench:
-    def __init__(self, samples_per_case: int):
+    def __init__(self, samples_per_case: int, flush: str = "read"):
         gen = torch.Generator().manual_seed(0)
         self.gate_up = (torch.randn(E, 2 * I, H, device="cuda") * H**-0.5).to(torch.bfloat16)
         self.down = (torch.randn(E, H, I, device="cuda") * I**-0.5).to(torch.bfloat16)
-        # written before every sample: over 4x the 60 MB L2
-        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        # read (or written) before every sample: over 4x the 60 MB L2
+        self.flush_buffer = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
+        # a read leaves clean lines (nothing to write back), a write leaves dirty ones
+        self.flush = self.flush_buffer.amax if flush == "read" else self.flush_buffer.zero_
         self.cases = [(16, U) for U in U_LIST] + [(1, K)]
         self.samples = {c: [routing(*c, gen) for _ in range(samples_per_case)] for c in self.cases}
         self.hidden = {rows: torch.randn(rows, H, generator=gen).to(torch.bfloat16).cuda() for rows in (1, 16)}
@@ -299,12 +306,14 @@ def main():
     p.add_argument("--sweep-budget", type=float, default=80.0,
                    help="seconds after which the sweep starts no new config (the full run follows)")
     p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--flush", choices=("read", "write"), default="read",
+                   help="how the L2 is flushed before each sample: read 256 MB (clean lines) or write it (dirty)")
     args = p.parse_args()
     t0 = time.time()
     for k, v in parse_config(args.config).items():
         setattr(moe_mod.KERNEL_CONFIG, k, v)
-    bench = Bench(max(args.samples, 30))
-    report = {"env": env_info(), "copy_bw_TBps": bench.bw / 1e12}
+    bench = Bench(max(args.samples, 30), args.flush)
+    report = {"env": env_info(), "copy_bw_TBps": bench.bw / 1e12, "flush": args.flush}
     env = report["env"]
     print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}  transformers {env['transformers']}  "
           f"copy bandwidth {bench.bw / 1e12:.2f} TB/s (read+write)")

@@ -43,10 +43,14 @@ def _check(shape: str) -> None:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
 
 
-def build_target(shape: str, device="cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+def build_target(shape: str, device="cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                 num_layers: int | None = None):
+    """The target of `shape`; `num_layers` keeps only the first layers (their 3 GDN : 1 attention
+    pattern and every layer's shape stay), for measurements whose cost grows with depth."""
     _check(shape)
+    config = Qwen3_5MoeTextConfig() if num_layers is None else Qwen3_5MoeTextConfig(num_hidden_layers=num_layers)
     with _building(device, dtype, seed):
-        return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig()).eval()
+        return Qwen3_5MoeForCausalLM(config).eval()
 
 
 def build_drafter(shape: str, device="cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 1) -> DFlashDrafter:

@@ -66,6 +66,17 @@ class HybridState:
         return GDNSlot(self.gdn_states[gi], GDNFactors(*(f[gi, :, :w] for f in self.factors)),
                        self.conv_windows[gi], self.conv_inputs[gi])
 
+    def scratch(self) -> HybridState:
+        """A state that shares the committed buffers (GDN states, conv windows, length) and holds
+        fresh copies of the buffers a verification writes (factors, conv inputs, KV buffers): what
+        a `torch.cond` branch, which may not mutate its inputs, verifies into."""
+        return HybridState(
+            gdn_layers=self.gdn_layers, attn_layers=self.attn_layers, gdn_states=self.gdn_states,
+            factors=GDNFactors(*(f.clone() for f in self.factors)), conv_windows=self.conv_windows,
+            conv_inputs=self.conv_inputs.clone(), keys=[k.clone() for k in self.keys],
+            values=[v.clone() for v in self.values], length=self.length,
+        )
+
     def commit(self, num_commit: int) -> None:
         """Keep the first `num_commit` of the `written` verified tokens in every layer."""
         w, m = self.written, num_commit

@@ -76,7 +76,10 @@ def is_sparse_moe(mlp) -> bool:
 def route(mlp, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The block's own router on `[B, w, H]` -> expert ids and routing weights `[B, w, k]`."""
     B, w, H = x.shape
-    _, weights, ids = mlp.gate(x.reshape(-1, H))
+    # `forward`, not the module call: transformers hooks the router to collect router logits, and
+    # the hook reads a ContextVar, which dynamo cannot trace (a graph break inside every compiled
+    # layer, and an error inside torch.cond). Verification never returns router logits.
+    _, weights, ids = mlp.gate.forward(x.reshape(-1, H))
     return ids.view(B, w, -1), weights.view(B, w, -1)
 
 

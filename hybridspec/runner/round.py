@@ -14,6 +14,9 @@ experts the w verified tokens routed to (-1 where Layer 0 has no router boundary
 Where Layer 0 is GDN + sparse MoE every round runs as Stage 0 + Stage 1 (the same arithmetic as
 one forward, `tests/generation/test_two_stage.py`), so the Layer-0 routing is at hand for the
 correction and the statistics.
+
+`dispatch="cond"` verifies the w rows in per-length `torch.cond` branches instead
+(`hybridspec/runner/cond.py`): the same outputs, but no CUDA graph on torch 2.11.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from hybridspec.generation.accept import first_empty, greedy_accept, sample_accept
 from hybridspec.ops.routing import distinct_prefix_counts
 from hybridspec.patches.forward import EAGER, Blocks, has_router_boundary, stage0, stage1, verify_forward
+from hybridspec.runner.cond import CondVerify
 from hybridspec.state import HybridState
 
 # columns of `io.out` after the tokens
@@ -79,10 +83,11 @@ class Sampler:
 
 class RoundProgram:
     """The steps of one (target, drafter, policy, sampler) combination over one `HybridState`
-    whose `length` is a `[1]` device tensor."""
+    whose `length` is a `[1]` device tensor. `dispatch`: "fixed" (verify all rows, kernels skip
+    those past w) or "cond" (per-length `torch.cond` branches)."""
 
     def __init__(self, family, model, state: HybridState, io: RoundIO, sampler: Sampler, drafter=None, policy=None,
-                 blocks: Blocks = EAGER):
+                 blocks: Blocks = EAGER, dispatch: str = "fixed"):
         self.family, self.model, self.state, self.io, self.sampler = family, model, state, io, sampler
         self.blocks = blocks
         self.drafter, self.policy = drafter, policy
@@ -97,6 +102,10 @@ class RoundProgram:
         acceptance = getattr(policy, "acceptance", None)
         if acceptance is not None:
             acceptance.prepare(state.gdn_states.device)
+        self.two_stage = self.split and getattr(policy, "two_stage", True)
+        self.cond = None
+        if dispatch == "cond":
+            self.cond = CondVerify(family, model, state, self.taps, drafter.block_size, self.two_stage)
 
     @torch.no_grad()
     def spec_round(self) -> None:
@@ -112,7 +121,7 @@ class RoundProgram:
         if not self.split:
             w = w0
             state.num_tokens = w
-            hidden, feats = verify_forward(self.family, self.model, tokens, state, self.taps, blocks=self.blocks)
+            hidden, feats = self._verify(w, None, tokens)
             layer0 = torch.full_like(w, -1)
         else:
             kept = stage0(self.family, self.model, tokens, state)
@@ -126,10 +135,7 @@ class RoundProgram:
                 w = w0 + extra.long()
             state.num_tokens = w
             layer0 = distinct.gather(1, (w - 1)[:, None])[:, 0]
-            if getattr(self.policy, "two_stage", True):
-                hidden, feats = stage1(self.family, self.model, kept, W, state, self.taps, blocks=self.blocks)
-            else:
-                hidden, feats = verify_forward(self.family, self.model, tokens, state, self.taps, blocks=self.blocks)
+            hidden, feats = self._verify(w, kept, tokens)
         processed = self.sampler.process(self.lm_head(hidden).float())  # [B, W, V]
         emitted, accepted = self.sampler.accept(processed, block.tokens, w)
         if getattr(self.drafter, "forced", False):
@@ -140,6 +146,16 @@ class RoundProgram:
         state.commit_static(m)
         self.drafter.observe(feats, m)
         self._finish(emitted, accepted, w, w0, processed, layer0)
+
+    def _verify(self, w: torch.Tensor, kept, tokens: torch.Tensor):
+        """The verification of the round's rows: Stage 1 after `kept` where the round runs two
+        stages, else the whole stack on `tokens`; per-length branches under `dispatch="cond"`."""
+        W = tokens.shape[1]
+        if self.cond is not None:
+            return self.cond(w, *kept) if self.two_stage else self.cond(w, tokens)
+        if self.two_stage:
+            return stage1(self.family, self.model, kept, W, self.state, self.taps, blocks=self.blocks)
+        return verify_forward(self.family, self.model, tokens, self.state, self.taps, blocks=self.blocks)
 
     @torch.no_grad()
     def ar_step(self) -> None:

@@ -41,10 +41,26 @@ class Runner:
     drafter). `capacity`: the longest sequence (prompt + output) a request may reach.
     `enforce_eager`: run the step without CUDA graphs (always so on the CPU). `compile`: compile
     each decoder-layer kind once with `torch.compile` (fusing its elementwise work) before capture;
-    default on when graphs are captured."""
+    default on when graphs are captured.
+
+    `dispatch="cond"` (needs a drafter) verifies each round's w rows in per-length `torch.cond`
+    branches (`hybridspec/runner/cond.py`) instead of the default fixed 16-row graph. Such a step
+    is never captured (torch 2.11 cannot put `torch.cond` in a CUDA graph) nor compiled by inductor
+    (see `CondVerify`): dynamo traces the branches and runs them as traced. Kept as a tested,
+    measured alternative: the fixed graph is faster (docs/benchmarks.md)."""
 
     def __init__(self, model, drafter=None, policy=None, *, capacity: int, sampler: Sampler | None = None,
-                 enforce_eager: bool = False, compile: bool | None = None):
+                 enforce_eager: bool = False, compile: bool | None = None, dispatch: str = "fixed"):
+        if dispatch not in ("fixed", "cond"):
+            raise ValueError(f"dispatch must be 'fixed' or 'cond', got {dispatch!r}")
+        if dispatch == "cond" and drafter is None:
+            raise ValueError("dispatch='cond' picks a verification length per round; autoregressive decoding "
+                             "(no drafter) has only w = 1")
+        if dispatch == "cond" and compile:
+            raise ValueError("dispatch='cond' runs its branches as dynamo traced them: inductor cannot compile "
+                             "custom ops that write into their arguments inside torch.cond (torch 2.11)")
+        if dispatch == "cond":
+            enforce_eager = True
         self.model, self.drafter, self.policy = model, drafter, policy
         self.family = family_of(model)
         self.sampler = sampler or Sampler(do_sample=False)
@@ -61,7 +77,9 @@ class Runner:
         graphs = self.device.type == "cuda" and not enforce_eager
         self.compiled = graphs if compile is None else compile
         blocks = Blocks.compiled() if self.compiled else EAGER
-        self.program = RoundProgram(self.family, model, self.state, self.io, self.sampler, drafter, policy, blocks)
+        self.dispatch = dispatch
+        self.program = RoundProgram(self.family, model, self.state, self.io, self.sampler, drafter, policy, blocks,
+                                    dispatch)
         self._step_fn = self.program.spec_round if drafter is not None else self.program.ar_step
         self._enforce_eager = enforce_eager
         self.step = CapturedStep(self._step_fn, self.device, enforce_eager)

@@ -88,3 +88,27 @@ def test_captured_sampling_is_seeded_and_top_k_one_is_greedy():
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
     one = generate(model, drafter, False, 0, do_sample=True, top_k=1, verify_length=8).sequences
     assert torch.equal(one, greedy)
+
+
+@pytest.mark.gpu
+def test_cond_dispatch_equals_the_captured_round():
+    """Per-length `torch.cond` branches against the captured fixed-shape round (compiled layers)
+    of the same policy: the same rounds and target-only tokens."""
+    from hybridspec.policy import from_calibration
+
+    model = qwen35_causal_lm(seed=4).cuda()
+    ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
+    hybridspec.enable(model)
+    dflash = tiny_drafter().cuda()
+    dflash.bind(model)
+    policy = from_calibration("hybridspec", synthetic_calibration(model, dflash), 16)
+    fixed = Runner(model, dflash, policy, capacity=128)
+    assert fixed.captured
+    out_fixed, stats_fixed = fixed.generate(PROMPT.cuda(), MAX_NEW)
+    del fixed
+    cond = Runner(model, dflash, policy, capacity=128, dispatch="cond")
+    assert not cond.captured
+    out_cond, stats_cond = cond.generate(PROMPT.cuda(), MAX_NEW)
+    assert torch.equal(out_fixed, ref) and torch.equal(out_cond, ref)
+    assert stats_cond == stats_fixed
+    assert len(set(stats_cond.verify_lengths)) >= 2
