@@ -36,6 +36,7 @@ from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table
 from hybridspec.bench import transformers_static  # noqa: E402
 from hybridspec.generation.prefill import prefill  # noqa: E402
 from hybridspec.generation.replay import DeviceReplayDrafter  # noqa: E402
+from hybridspec.generation.stats import HybridSpecStats  # noqa: E402
 from hybridspec.patches import family_of  # noqa: E402
 from hybridspec.policy import FixedPolicy  # noqa: E402
 from hybridspec.runner.stopping import HostStopping  # noqa: E402
@@ -71,9 +72,36 @@ def our_ar(model, prompt, new, compile=None):
     ms, stats = min(runs, key=lambda r: r[0])
     host_us = statistics.median(stats.host_seconds) * 1e6
     print(f"  AR host us per token: median {host_us:.1f}, of which the replay call {statistics.median(stats.replay_seconds) * 1e6:.1f}")
+    parts = host_parts(runner, prompt)
+    print(f"  host parts (us per call, alone): {parts}")
     out = torch.cat([prompt, torch.tensor([tokens], device=prompt.device)], -1)
     del runner
-    return ms, host_us, out
+    return ms, host_us, out, parts
+
+
+def host_parts(runner, prompt, calls: int = 100) -> dict:
+    """CPU time of each host operation of a round, each timed alone over `calls` calls (us): the
+    graph replay call, queueing the output row's copy into the pinned ring with its event, reading
+    the row back as a list, and the per-token bookkeeping of `Runner._read`."""
+    runner.start(prompt)
+    torch.cuda.synchronize()
+    row, out_row, event = runner._ring_rows[0], runner._out_row, runner.events[0]
+
+    def per_call(fn) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    parts = dict(replay=per_call(runner.step))
+    torch.cuda.synchronize()
+    parts["ring_copy_and_event"] = per_call(lambda: (row.copy_(out_row, non_blocking=True), event.record()))
+    torch.cuda.synchronize()
+    parts["tolist"] = per_call(row.tolist)
+    values, stats, out = row.tolist(), HybridSpecStats(), []
+    stop = HostStopping(1 << 30, set(), [])
+    parts["read"] = per_call(lambda: runner._read(values, prompt.shape[1], out, stats, stop, None))
+    return parts
 
 
 def bytes_bound(model, distinct_pairs: int, rows: int, bandwidth_gbs: float) -> tuple[float, float]:
@@ -239,11 +267,12 @@ def main() -> None:
     result = dict(env=info, prompt=args.prompt, new=args.new, copy_bandwidth_gbs=bandwidth)
 
     t0 = time.perf_counter()
-    ar_ms, ar_host_us, ar_out = our_ar(model, prompt, args.new)
+    ar_ms, ar_host_us, ar_out, host_parts_us = our_ar(model, prompt, args.new)
     ar_setup = time.perf_counter() - t0
-    eager_ms, _, eager_out = our_ar(model, prompt, args.new, compile=False)
+    eager_ms, _, eager_out, _ = our_ar(model, prompt, args.new, compile=False)
     _, ar_bound_ms = bytes_bound(model, 8 * model.config.num_hidden_layers, 1, bandwidth)
-    result["ar"] = dict(ours_ms_per_token=ar_ms, host_us_per_token=ar_host_us, bytes_bound_ms=ar_bound_ms,
+    result["ar"] = dict(ours_ms_per_token=ar_ms, host_us_per_token=ar_host_us, host_parts_us=host_parts_us,
+                        bytes_bound_ms=ar_bound_ms,
                         ours_uncompiled_layers_ms_per_token=eager_ms, setup_and_runs_s=ar_setup,
                         compiled_equals_uncompiled=bool(torch.equal(ar_out, eager_out)))
     print(f"AR (ours, CUDA graph): {ar_ms:.3f} ms/token (uncompiled layers {eager_ms:.3f}); bytes bound "
