@@ -91,8 +91,7 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
         tokens, accepted = accept(processed, verified.draft)
         if getattr(drafter, "forced", False):
             # benchmark mode of the replay drafter (`DeviceReplayDrafter(forced=True)`)
-            accepted = torch.minimum(drafter.forced_accepted, torch.full_like(accepted, verified.w - 1))
-            tokens = drafter.forced_truth[:, : verified.w]
+            tokens, accepted = drafter.forced_round(verified.w)
         # emitting appends to the host-side sequence one token at a time, so it reads A here
         kept, empty = read_accepted(accepted, processed, generation_config.do_sample)
         for i in range(kept + 1):

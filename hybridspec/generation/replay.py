@@ -200,6 +200,13 @@ class DeviceReplayDrafter(_Wrapping):
             self.forced_accepted = drawn.correct.long().cumprod(-1).sum(-1)
         return DraftBlock(drawn.tokens, drawn.confidence.to(real.confidence.dtype), drawn.entropy.to(real.entropy.dtype))
 
+    def forced_round(self, w: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Benchmark mode, after `propose`: the round's tokens `[B, D + 1]` (the continuation from
+        the anchor's successor) and accepted drafts `[B]` (the draws' leading correct drafts, at
+        most w - 1 of the round's w verified tokens; w an int or a `[B]` tensor)."""
+        cap = torch.as_tensor(w, device=self.forced_accepted.device) - 1
+        return self.forced_truth, torch.minimum(self.forced_accepted, cap)
+
     def observe(self, features: torch.Tensor, num_commit: torch.Tensor | int) -> None:
         self.drafter.observe(features, num_commit)
         if self._prompt_next:

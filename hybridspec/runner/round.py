@@ -140,8 +140,7 @@ class RoundProgram:
         emitted, accepted = self.sampler.accept(processed, block.tokens, w)
         if getattr(self.drafter, "forced", False):
             # benchmark mode of the replay drafter: its draws decide, the target's work stays
-            accepted = torch.minimum(self.drafter.forced_accepted, w - 1)
-            emitted = self.drafter.forced_truth
+            emitted, accepted = self.drafter.forced_round(w)
         m = accepted + 1
         state.commit_static(m)
         self.drafter.observe(feats, m)

@@ -77,7 +77,6 @@ class Runner:
         graphs = self.device.type == "cuda" and not enforce_eager
         self.compiled = graphs if compile is None else compile
         blocks = Blocks.compiled() if self.compiled else EAGER
-        self.dispatch = dispatch
         self.program = RoundProgram(self.family, model, self.state, self.io, self.sampler, drafter, policy, blocks,
                                     dispatch)
         self._step_fn = self.program.spec_round if drafter is not None else self.program.ar_step
