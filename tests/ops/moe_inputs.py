@@ -90,7 +90,7 @@ def moe_cases(draw, max_tokens=16, dtypes=(torch.float32, torch.bfloat16), with_
         K=K,
         E=draw(st.integers(max(4, K), 16), label="E"),
         H=draw(st.sampled_from([32, 48, 64]), label="H"),
-        I=draw(st.sampled_from([16, 32]), label="I"),
+        I=draw(st.sampled_from([16, 32, 48]), label="I"),
         dtype=draw(st.sampled_from(dtypes), label="dtype"),
         routing=draw(st.sampled_from(ROUTINGS), label="routing"),
         n=n,
