@@ -140,16 +140,14 @@ class Bench:
         """The fastest of FLOOR_CONFIGS at reading the case's U experts (and nothing else), timed as
         the op is. `routing` puts the U distinct experts first in the flat ids."""
         U = case[1]
-        ref = self.gate_up[self.samples[case][0][0].view(-1)[:U]].float().sum()
+        first = self.samples[case][0][0].view(-1)[:U]
+        ref = self.gate_up[first].float().sum() + self.down[first].float().sum()
         best = (float("inf"), "")
         for cfg in FLOOR_CONFIGS:
             def make(x, ids, w, cfg=cfg):
                 return lambda: read_experts(self.gate_up, self.down, ids.view(-1)[:U], cfg)
-            ids0 = self.samples[case][0][0]
-            sums = read_experts(self.gate_up, self.down, ids0.view(-1)[:U], cfg)
-            n_gu = self.gate_up[0].numel() // cfg[0]
-            # the gate/up chunks' sums are the selected experts' gate/up sum: the floor reads what it claims
-            got = sums[:, :n_gu].sum()
+            # the chunk sums add up to the selected experts' sum: the floor reads what it claims
+            got = read_experts(self.gate_up, self.down, first, cfg).sum()
             if not torch.allclose(got, ref, rtol=1e-3, atol=1e-1):
                 raise AssertionError(f"read floor {cfg}: sum {got.item()} != {ref.item()}")
             t, mode = self.measure(case, make)
