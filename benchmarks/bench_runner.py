@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, time_ms, write_json  # noqa: E402
 from hybridspec.bench import transformers_static  # noqa: E402
 from hybridspec.generation.prefill import prefill  # noqa: E402
-from hybridspec.generation.replay import DeviceReplayDrafter  # noqa: E402
+from hybridspec.sim.replay import DeviceReplayDrafter  # noqa: E402
 from hybridspec.generation.stats import HybridSpecStats  # noqa: E402
 from hybridspec.patches import family_of  # noqa: E402
 from hybridspec.policy import FixedPolicy  # noqa: E402

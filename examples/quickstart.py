@@ -15,7 +15,7 @@ import torch
 import transformers
 
 import hybridspec
-from hybridspec.generation.replay import ReplayDrafter
+from hybridspec.sim.replay import ReplayDrafter
 from hybridspec.tiny import tiny_drafter, tiny_target
 
 

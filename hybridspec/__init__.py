@@ -2,7 +2,6 @@
 
 from hybridspec.api import disable, enable
 from hybridspec.drafter import DFlashDrafter
-from hybridspec.generation.replay import ReplayDrafter
 
 __version__ = "0.1.0.dev0"
-__all__ = ["DFlashDrafter", "ReplayDrafter", "disable", "enable"]
+__all__ = ["DFlashDrafter", "disable", "enable"]

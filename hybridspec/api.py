@@ -49,7 +49,7 @@ def disable(model):
 
 
 def _generate(model, *args, hybridspec: bool = False, verify_length: int | None = None, policy: str | None = None,
-              calibration=None, hybridspec_recorder=None, enforce_eager: bool | None = None,
+              calibration=None, hybridspec_recorder=None, hybridspec_accept=None, enforce_eager: bool | None = None,
               reference_loop: bool | None = None, **kwargs):
     original = getattr(model, _ORIGINAL)
     if not hybridspec:
@@ -66,7 +66,7 @@ def _generate(model, *args, hybridspec: bool = False, verify_length: int | None 
     drafter.bind(model)
     length_policy = _policy(model, drafter, verify_length, policy, calibration)
     options = HybridSpecOptions(drafter=drafter, policy=length_policy, streamer=kwargs.get("streamer"),
-                                recorder=hybridspec_recorder, enforce_eager=bool(enforce_eager),
+                                recorder=hybridspec_recorder, accept=hybridspec_accept, enforce_eager=bool(enforce_eager),
                                 reference_loop=bool(reference_loop))
     return GenerationMixin.generate(model, *args, custom_generate=hybridspec_decode,
                                     hybridspec_options=options, **kwargs)

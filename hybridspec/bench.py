@@ -36,7 +36,7 @@ LOOP_RATIO = 0.2
 
 
 def _models(args, device):
-    from hybridspec.generation.replay import DeviceReplayDrafter
+    from hybridspec.sim.replay import DeviceReplayDrafter
     from hybridspec.loading import load_drafter, load_target
     from hybridspec.shapes import build_drafter, build_target
     from hybridspec.tiny import tiny_drafter, tiny_target
@@ -60,10 +60,14 @@ def _models(args, device):
     if replay and not isinstance(drafter, DeviceReplayDrafter):
         # random bf16 weights do not reproduce their own greedy continuation under another block
         # split (near-tied routing and logits), so a full-size shape forces the replayed acceptance
-        drafter = DeviceReplayDrafter(drafter, torch.zeros(0, dtype=torch.long),
-                                      forced=bool(args.shape) and not args.unforced)
+        drafter = DeviceReplayDrafter(drafter, torch.zeros(0, dtype=torch.long))
     drafter.bind(model)
-    return model, drafter, replay, what
+    forced = None
+    if replay and args.shape and not args.unforced:
+        from hybridspec.sim.forced import ForcedAcceptance
+
+        forced = ForcedAcceptance(drafter)
+    return model, drafter, replay, forced, what
 
 
 def _prompts(args, model, device, n: int, seed: int):
@@ -207,7 +211,7 @@ def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    model, drafter, replay, what = _models(args, device)
+    model, drafter, replay, forced, what = _models(args, device)
     hybridspec.enable(model)
     print(f"models: {what} ({time.perf_counter() - t0:.0f} s)")
     eval_prompts, calib_prompts = _prompts(args, model, device, args.num_prompts, args.seed)
@@ -215,7 +219,7 @@ def run(args) -> dict:
     eos = None if replay else model.generation_config.eos_token_id
     ar_outs, ar_seconds = _ar(model, eval_prompts, new, eos)
     label = "simulated acceptance (replay drafter)" if replay else "real drafter"
-    if getattr(drafter, "forced", False):
+    if forced is not None:
         label += ", forced: accept lengths from the replay draws, tokens from the AR continuation"
 
     if args.calibration:
@@ -230,13 +234,14 @@ def run(args) -> dict:
         hf_outs, hf_seconds, warmup = transformers_static(model, eval_prompts, new)
         rows.append(_row("transformers static AR", hf_outs, hf_seconds, ar_outs, ar_seconds))
         rows[-1]["compile_warmup_s"] = warmup
-    forced = getattr(drafter, "forced", False)
     methods = list(METHODS[2:])
-    if forced:
+    if forced is not None:
         # the same policy with the target's own acceptance: what exactness looks like on these weights
         methods.append(("HybridSpec, target acceptance", dict(policy="hybridspec", forced=False)))
     for name, kwargs in methods:
-        drafter.forced = kwargs.pop("forced", forced) if replay else False
+        rule = forced if kwargs.pop("forced", True) else None
+        if rule is not None:
+            kwargs = dict(kwargs, hybridspec_accept=rule)
         if "policy" in kwargs:
             kwargs = dict(kwargs, calibration=calibration)
         outs, seconds, stats = [], [], []
@@ -252,12 +257,11 @@ def run(args) -> dict:
             outs.append(res.sequences[0, p.shape[1]:])
             seconds.append(res.hybridspec_stats.decode_seconds)
             stats.append(res.hybridspec_stats)
-        rows.append(_row(name, outs, seconds, ar_outs, ar_seconds, stats, drafter.forced))
+        rows.append(_row(name, outs, seconds, ar_outs, ar_seconds, stats, rule is not None))
         print(f"  {name}: {rows[-1]['tokens_per_s']:.1f} tokens/s")
 
-    drafter.forced = forced
     result = dict(
-        forced_acceptance=forced,
+        forced_acceptance=forced is not None,
         label=label, models=what, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         versions=runtime_versions(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         prompts=len(eval_prompts), prompt_tokens=[p.shape[1] for p in eval_prompts], max_new_tokens=new,

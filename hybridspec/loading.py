@@ -1,7 +1,7 @@
 """Loading a target and a drafter from local directories, as the command-line tools name them.
 
 A drafter is named `DIR` (a DFlash checkpoint) or `replay:DIR` (that drafter's cost with the replay
-drafter's simulated acceptance, `hybridspec.generation.replay`).
+drafter's simulated acceptance, `hybridspec.sim.replay`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def load_target(path: str | os.PathLike, device: str, dtype: torch.dtype | None 
 def load_drafter(spec: str, device: str, dtype: torch.dtype | None = None):
     """`DIR` -> `DFlashDrafter`; `replay:DIR` -> `DeviceReplayDrafter` over it (assign
     `.continuation` before each prompt; its draws come from torch's global generator, so seed that)."""
-    from hybridspec.generation.replay import DeviceReplayDrafter
+    from hybridspec.sim.replay import DeviceReplayDrafter
 
     replay = spec.startswith(REPLAY_PREFIX)
     path = spec[len(REPLAY_PREFIX):] if replay else spec
@@ -55,7 +55,7 @@ def load_drafter(spec: str, device: str, dtype: torch.dtype | None = None):
 def drafter_fingerprint_config(drafter) -> dict:
     """The configuration that identifies a drafter for calibration artifacts: the DFlash config,
     and for a replay drafter (host or device draws: the same model) also its fixed acceptance model."""
-    from hybridspec.generation import replay
+    from hybridspec.sim import replay
 
     inner = getattr(drafter, "drafter", None)
     if isinstance(drafter, (replay.ReplayDrafter, replay.DeviceReplayDrafter)):

@@ -88,10 +88,7 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
         verified = verify(anchor, block, remaining)
         logits = lm_head(verified.hidden).float()  # [B, w, V]
         processed = process_positions(logits_processor, seq, verified.draft, logits)  # [B, w, V]
-        tokens, accepted = accept(processed, verified.draft)
-        if getattr(drafter, "forced", False):
-            # benchmark mode of the replay drafter (`DeviceReplayDrafter(forced=True)`)
-            tokens, accepted = drafter.forced_round(verified.w)
+        tokens, accepted = (opts.accept or accept)(processed, verified.draft, None)
         # emitting appends to the host-side sequence one token at a time, so it reads A here
         kept, empty = read_accepted(accepted, processed, generation_config.do_sample)
         for i in range(kept + 1):
@@ -125,7 +122,8 @@ def hybridspec_decode(model, input_ids, logits_processor, stopping_criteria, gen
 
 def _decode_on_runner(model, input_ids, logits_processor, stopping_criteria, generation_config, opts):
     """The same call on the fixed-shape runner (CUDA graphs on CUDA unless `enforce_eager`)."""
-    runner = cached_runner(model, opts.drafter, opts.policy, logits_processor, generation_config, opts.enforce_eager)
+    runner = cached_runner(model, opts.drafter, opts.policy, logits_processor, generation_config, opts.enforce_eager,
+                           opts.accept)
     streamer = opts.streamer
     P = input_ids.shape[1]
     first, _ = runner.start(input_ids, logits_processor)

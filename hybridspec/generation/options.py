@@ -16,6 +16,8 @@ class HybridSpecOptions:
     streamer: Any
     # calibration's `RoundRecorder`, or None
     recorder: Any = None
+    # an `AcceptRule` replacing the greedy / sampling rule (simulation only: `hybridspec.sim.forced`)
+    accept: Any = None
     # the runner without CUDA graphs
     enforce_eager: bool = False
     # the host-driven reference loop even where the runner could serve the call

@@ -62,18 +62,19 @@ def _policy_key(policy):
     return id(policy)
 
 
-def _sampler(logits_processor, generation_config) -> tuple[Sampler, tuple]:
+def _sampler(logits_processor, generation_config, rule=None) -> tuple[Sampler, tuple]:
     warpers = tuple(logits_processor or ())
-    key = (generation_config.do_sample,) + tuple(
+    key = (generation_config.do_sample, id(rule)) + tuple(
         (type(p).__name__, tuple(sorted((k, repr(v)) for k, v in vars(p).items()))) for p in warpers
     )
-    return Sampler(bool(generation_config.do_sample), warpers), key
+    return Sampler(bool(generation_config.do_sample), warpers, rule), key
 
 
-def cached_runner(model, drafter, policy, logits_processor, generation_config, enforce_eager: bool) -> Runner:
+def cached_runner(model, drafter, policy, logits_processor, generation_config, enforce_eager: bool,
+                  rule=None) -> Runner:
     """The model's runner for this combination, built (and captured) when the last one does not fit.
     Capacity is the call's `max_length` rounded up to a power of two (at least 256)."""
-    sampler, sampler_key = _sampler(logits_processor, generation_config)
+    sampler, sampler_key = _sampler(logits_processor, generation_config, rule)
     key = (id(drafter), _policy_key(policy), sampler_key, enforce_eager)
     need = generation_config.max_length
     runner = getattr(model, _ATTR, None)

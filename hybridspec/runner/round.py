@@ -57,6 +57,8 @@ class Sampler:
 
     do_sample: bool
     warpers: tuple = ()
+    # an `AcceptRule` replacing the greedy / sampling rule of the rounds (simulation only)
+    rule: object = None
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """`[B, T, V]` fp32 -> processed scores, every position alike."""
@@ -71,7 +73,7 @@ class Sampler:
         return scores.reshape(B, T, V)
 
     def accept(self, processed, draft, num_tokens):
-        rule = sample_accept if self.do_sample else greedy_accept
+        rule = self.rule or (sample_accept if self.do_sample else greedy_accept)
         return rule(processed, draft, num_tokens)
 
     def empty(self, processed: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
@@ -138,9 +140,6 @@ class RoundProgram:
             hidden, feats = self._verify(w, kept, tokens)
         processed = self.sampler.process(self.lm_head(hidden).float())  # [B, W, V]
         emitted, accepted = self.sampler.accept(processed, block.tokens, w)
-        if getattr(self.drafter, "forced", False):
-            # benchmark mode of the replay drafter: its draws decide, the target's work stays
-            emitted, accepted = self.drafter.forced_round(w)
         m = accepted + 1
         state.commit_static(m)
         self.drafter.observe(feats, m)
@@ -163,7 +162,8 @@ class RoundProgram:
         state.num_tokens = None
         hidden, _ = verify_forward(self.family, self.model, io.anchor, state, blocks=self.blocks)
         processed = self.sampler.process(self.lm_head(hidden).float())  # [B, 1, V]
-        emitted, accepted = self.sampler.accept(processed, io.anchor[:, :0], None)
+        rule = sample_accept if self.sampler.do_sample else greedy_accept
+        emitted, accepted = rule(processed, io.anchor[:, :0], None)
         one = accepted + 1
         state.commit_static(one)
         self._finish(emitted, accepted, one, one, processed, torch.full_like(one, -1))

@@ -14,7 +14,7 @@ import hybridspec
 from hybridspec.calibration import Calibration
 from hybridspec.cli import main
 from hybridspec.generation.options import POLICIES
-from hybridspec.generation.replay import DeviceReplayDrafter
+from hybridspec.sim.replay import DeviceReplayDrafter
 from hybridspec.loading import load_drafter, load_target
 from hybridspec.tiny import tiny_drafter, tiny_target
 

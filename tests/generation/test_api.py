@@ -7,7 +7,7 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, TextStreamer
 
 import hybridspec
-from hybridspec.generation.drafting import ScriptedReplayDrafter
+from hybridspec.sim.scripted import ScriptedReplayDrafter
 from tests.models import VOCAB, qwen35_causal_lm
 
 

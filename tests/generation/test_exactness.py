@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 import hybridspec
-from hybridspec.generation.drafting import ScriptedReplayDrafter
+from hybridspec.sim.scripted import ScriptedReplayDrafter
 from hybridspec.state import HybridState
 from tests.helpers import rel_err
 from hybridspec import DFlashDrafter

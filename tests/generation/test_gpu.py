@@ -5,8 +5,8 @@ import torch
 
 import hybridspec
 import hybridspec.experts
-from hybridspec.generation.drafting import ScriptedReplayDrafter
-from hybridspec.generation.replay import ReplayDrafter
+from hybridspec.sim.scripted import ScriptedReplayDrafter
+from hybridspec.sim.replay import ReplayDrafter
 from hybridspec.tiny import tiny_drafter
 from tests.calibration.synthetic import synthetic_calibration
 from tests.models import qwen3_next_causal_lm, qwen35_causal_lm

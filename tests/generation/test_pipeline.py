@@ -14,7 +14,7 @@ import torch
 from transformers import pipeline
 
 import hybridspec
-from hybridspec.generation.drafting import ScriptedReplayDrafter
+from hybridspec.sim.scripted import ScriptedReplayDrafter
 from tests.models import qwen35_causal_lm, tiny_tokenizer
 
 TEXT = "w5 w9 w30 w7 w100 w64"

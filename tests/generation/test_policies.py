@@ -11,7 +11,7 @@ import torch
 
 import hybridspec
 from hybridspec.generation.options import POLICIES
-from hybridspec.generation.replay import ReplayDrafter
+from hybridspec.sim.replay import ReplayDrafter
 from tests.calibration.synthetic import W, synthetic_calibration
 from tests.models import VOCAB, config, qwen35_causal_lm, random_drafter
 

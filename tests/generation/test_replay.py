@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hybridspec
-from hybridspec.generation.replay import ReplayDrafter, replay_round
+from hybridspec.sim.replay import ReplayDrafter, replay_round
 from tests.models import VOCAB, config, qwen35_causal_lm, random_drafter
 
 D = 15

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hybridspec
-from hybridspec.generation.replay import DeviceReplayDrafter
+from hybridspec.sim.replay import DeviceReplayDrafter
 from hybridspec.policy import FixedPolicy, from_calibration
 from hybridspec.runner import Runner
 from tests.calibration.synthetic import synthetic_calibration

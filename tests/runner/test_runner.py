@@ -11,7 +11,8 @@ from transformers import TextStreamer
 
 import hybridspec
 from hybridspec.generation.options import POLICIES
-from hybridspec.generation.replay import DeviceReplayDrafter
+from hybridspec.sim.forced import ForcedAcceptance
+from hybridspec.sim.replay import DeviceReplayDrafter
 from hybridspec.runner import Runner
 from tests.calibration.synthetic import synthetic_calibration
 from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm, random_drafter
@@ -164,13 +165,14 @@ def test_forced_replay_takes_the_drawn_acceptance(pair):
     prompt, ref = reference(model, 6)
     # a continuation the target would not produce: forcing must not consult the target
     continuation = (ref[0, prompt.shape[1]:] + 1) % VOCAB
-    replay = DeviceReplayDrafter(drafter, continuation, forced=True)
+    replay = DeviceReplayDrafter(drafter, continuation)
+    rule = ForcedAcceptance(replay)
     outs = []
     for reference_loop in (False, True):
         torch.manual_seed(3)
         outs.append(model.generate(prompt, assistant_model=replay, hybridspec=True, max_new_tokens=MAX_NEW,
                                    do_sample=False, return_dict_in_generate=True, verify_length=16,
-                                   reference_loop=reference_loop))
+                                   reference_loop=reference_loop, hybridspec_accept=rule))
     for out in outs:
         # the first token is the prefill's own; the rounds emit the continuation after it
         assert torch.equal(out.sequences[0, : prompt.shape[1] + 1], ref[0, : prompt.shape[1] + 1])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hybridspec
-from hybridspec.generation.replay import DeviceReplayDrafter
+from hybridspec.sim.replay import DeviceReplayDrafter
 from hybridspec.runner import Runner
 from hybridspec.tiny import tiny_drafter
 from tests.calibration.synthetic import synthetic_calibration

@@ -1,4 +1,4 @@
-"""`ReplayDrafter`: simulated acceptance on top of a real drafter's cost (DESIGN.md section 5).
+"""`ReplayDrafter`: simulated acceptance on top of a real drafter's cost (docs/design.md, "Simulated acceptance").
 
 Its tokens are the target's own greedy continuation with mistakes drawn from the acceptance model
 that issue 3 fixes (so that no one tunes it); its cost, shapes and device traffic are those of the
@@ -130,22 +130,18 @@ class DeviceReplayDrafter(_Wrapping):
     `.continuation` (the target's greedy tokens after the prompt, `[n]`) before each call. The
     first `observe` after `reset` is the prompt's; the rounds' count the emitted tokens.
 
-    `forced=True` (benchmarks on random weights only): the round accepts as many
-    drafts as the draws made correct and emits the continuation itself, so the acceptance profile
-    is the model's even where a random-weight target in bf16 would not reproduce its own greedy
-    continuation under a different block split. The target still verifies every drafted token
-    (the work and its routing are real); the tokens are not the target's, so no exactness holds."""
+    Each `propose` also keeps the round's continuation (`truth`) and its count of leading correct
+    drafts (`correct_prefix`): `hybridspec.sim.forced.ForcedAcceptance` reads them to replace the
+    target's acceptance in benchmarks on random weights."""
 
     device_resident = True
 
-    def __init__(self, drafter, continuation: torch.Tensor, vocab_size: int | None = None, forced: bool = False):
+    def __init__(self, drafter, continuation: torch.Tensor, vocab_size: int | None = None):
         self.drafter = drafter
         self.continuation = continuation
         self.vocab_size = vocab_size
-        # benchmarks only: the runner takes the acceptance from the draws, not from the target
-        self.forced = forced
-        self.forced_truth: torch.Tensor | None = None  # [B, D + 1] continuation from the anchor's successor
-        self.forced_accepted: torch.Tensor | None = None  # [B] leading correct drafts
+        self.truth: torch.Tensor | None = None  # [B, D + 1] continuation from the anchor's successor
+        self.correct_prefix: torch.Tensor | None = None  # [B] leading correct drafts of the last round
         self._truth: torch.Tensor | None = None  # [rows] long, static
         self._known = None  # [1] long: tokens of the continuation in `_truth`
         self._emitted = None  # [1] long: tokens emitted so far, the anchor included
@@ -195,17 +191,9 @@ class DeviceReplayDrafter(_Wrapping):
         known = index < self._known[:, None]
         truth = self._truth[index.clamp(max=self._truth.shape[0] - 1)]
         drawn = replay_round(None, truth[:, :D], known[:, :D], self.vocab_size)
-        if self.forced:
-            self.forced_truth = truth
-            self.forced_accepted = drawn.correct.long().cumprod(-1).sum(-1)
+        self.truth = truth
+        self.correct_prefix = drawn.correct.long().cumprod(-1).sum(-1)
         return DraftBlock(drawn.tokens, drawn.confidence.to(real.confidence.dtype), drawn.entropy.to(real.entropy.dtype))
-
-    def forced_round(self, w: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Benchmark mode, after `propose`: the round's tokens `[B, D + 1]` (the continuation from
-        the anchor's successor) and accepted drafts `[B]` (the draws' leading correct drafts, at
-        most w - 1 of the round's w verified tokens; w an int or a `[B]` tensor)."""
-        cap = torch.as_tensor(w, device=self.forced_accepted.device) - 1
-        return self.forced_truth, torch.minimum(self.forced_accepted, cap)
 
     def observe(self, features: torch.Tensor, num_commit: torch.Tensor | int) -> None:
         self.drafter.observe(features, num_commit)
