@@ -20,8 +20,8 @@ from benchmarks.bench_gdn import HK, HV, K, L, V, make_layers  # noqa: E402
 from benchmarks.common import capture, print_table, time_ms  # noqa: E402
 from hybridspec.ops import GDNFactors, gdn_commit, gdn_verify  # noqa: E402
 from hybridspec.ops import gdn as gdn_mod  # noqa: E402
-from hybridspec.ops.gdn_commit import gdn_commit_kernel  # noqa: E402
-from hybridspec.ops.gdn_verify import gdn_verify_kernel  # noqa: E402
+from hybridspec.ops.gdn_commit_triton import gdn_commit_kernel  # noqa: E402
+from hybridspec.ops.gdn_verify_triton import gdn_verify_kernel  # noqa: E402
 
 
 def compiled(kernel) -> dict:

@@ -68,7 +68,7 @@ def _gdn_verify_op(
     HV, V = v.shape[2:]
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
     if use_triton(q):
-        from hybridspec.ops.gdn_verify import gdn_verify_kernel
+        from hybridspec.ops.gdn_verify_triton import gdn_verify_kernel
 
         BV = _block_v(V, VERIFY_CONFIG)
         gdn_verify_kernel[(V // BV, B * HV)](
@@ -113,7 +113,7 @@ def _gdn_commit_op(
     L, B, HV, K, V = states.shape
     T, HK = k.shape[2], k.shape[3]
     if use_triton(states):
-        from hybridspec.ops.gdn_commit import gdn_commit_kernel
+        from hybridspec.ops.gdn_commit_triton import gdn_commit_kernel
 
         BV = _block_v(V, COMMIT_CONFIG)
         gdn_commit_kernel[(V // BV, L * B * HV)](

@@ -1,7 +1,7 @@
 """`hybridspec::moe_experts`: custom op, fake kernel and host wrapper for small-batch MoE experts.
 
 Same form as the GDN ops (DESIGN.md section 7): a `torch.library.custom_op` whose body launches the
-Triton kernels (hybridspec/ops/moe_experts.py) for CUDA tensors, and for CPU tensors under
+Triton kernels (hybridspec/ops/moe_triton.py) for CUDA tensors, and for CPU tensors under
 `TRITON_INTERPRET=1`, and runs the naive twin otherwise. The wrapper validates; the kernels trust
 their inputs. Three launches per 16-row piece (gate/up, down, reduce), no host sync, no
 data-dependent shapes. With `KERNEL_CONFIG.pdl` on an sm90+ GPU, down and reduce use programmatic
@@ -71,7 +71,7 @@ def _use_pdl(cfg: MoEKernelConfig, x: torch.Tensor) -> bool:
 
 def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, use_pdl):
     """Run the three kernels on one piece of at most 16 rows; `out` is that piece's rows."""
-    from hybridspec.ops.moe_experts import moe_down_kernel, moe_gate_up_kernel, moe_reduce_kernel
+    from hybridspec.ops.moe_triton import moe_down_kernel, moe_gate_up_kernel, moe_reduce_kernel
 
     cfg = KERNEL_CONFIG
     T, H = x.shape
