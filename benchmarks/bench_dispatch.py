@@ -12,7 +12,7 @@ verifying w draft rows (the whole stack, LM head and argmax excluded), side by s
 - `exact_graphs`: 16 graphs with uncompiled layers, each captured at exactly w rows. What a
   dispatch among captured per-length graphs on the device (a CUDA SWITCH conditional node) would
   pay, less the cost of the node itself; compare it with `fixed_graph`.
-- `cond`: `hybridspec.runner.cond.CondVerify`, traced by dynamo and run as traced (what
+- `cond`: `hybridspec.round.cond.CondVerify`, traced by dynamo and run as traced (what
   `torch.cond` does when called eagerly): each of the 4 tree levels reads its predicate on the host,
   and every kernel is its own launch. No CUDA graph can hold it on torch 2.11.
 - `fixed_eager`: the 16-row form launched without a graph: the launch cost on its own.
@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hybridspec  # noqa: E402
 from benchmarks.common import capture, env_info, print_table, time_ms, write_json  # noqa: E402
-from hybridspec.generation.prefill import prefill  # noqa: E402
+from hybridspec.round.prefill import prefill  # noqa: E402
 from hybridspec.patches import family_of  # noqa: E402
 from hybridspec.patches.forward import EAGER, Blocks, empty_state, load_prefill, verify_forward  # noqa: E402
-from hybridspec.runner.cond import CondVerify  # noqa: E402
+from hybridspec.round.cond import CondVerify  # noqa: E402
 from hybridspec.shapes import build_target  # noqa: E402
 from hybridspec.state import MAX_VERIFY  # noqa: E402
 
@@ -63,7 +63,7 @@ def main() -> None:
     family = family_of(model)
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0)).cuda()
     _, cache, _ = prefill(model, prompt, ())
-    state = empty_state(family, model, 1, args.prompt + 2 * W, "cuda", length=torch.zeros(1, dtype=torch.long, device="cuda"))
+    state = empty_state(family, model, 1, args.prompt + 2 * W, "cuda")
     load_prefill(state, cache)
     del cache
     tokens = torch.randint(0, model.config.vocab_size, (1, W), generator=torch.Generator().manual_seed(1)).cuda()

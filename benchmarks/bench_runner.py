@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, time_ms, write_json  # noqa: E402
 from hybridspec.bench import transformers_static  # noqa: E402
-from hybridspec.generation.prefill import prefill  # noqa: E402
+from hybridspec.round.prefill import prefill  # noqa: E402
 from hybridspec.sim.replay import DeviceReplayDrafter  # noqa: E402
-from hybridspec.generation.stats import HybridSpecStats  # noqa: E402
+from hybridspec.round.stats import HybridSpecStats  # noqa: E402
 from hybridspec.patches import family_of  # noqa: E402
 from hybridspec.policy import FixedPolicy  # noqa: E402
-from hybridspec.runner.stopping import HostStopping  # noqa: E402
+from hybridspec.round.stopping import HostStopping  # noqa: E402
 from hybridspec.tiny import tiny_drafter, tiny_target  # noqa: E402
 from hybridspec.ops.routing import distinct_prefix_counts  # noqa: E402
 from hybridspec.patches.common import attention_verify, moe_verify  # noqa: E402

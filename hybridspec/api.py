@@ -13,15 +13,19 @@ import functools
 from transformers import GenerationMixin
 from transformers.generation import logits_process
 
+from hybridspec.cache import BoundedCache
 from hybridspec.calibration.artifact import Calibration, current_device_name, runtime_versions
 from hybridspec.generation.loop import hybridspec_decode
 from hybridspec.generation.options import POLICIES, HybridSpecOptions
 from hybridspec.loading import drafter_fingerprint, target_fingerprint
 from hybridspec.patches import family_of
 from hybridspec.policy import FixedPolicy, default_policy, from_calibration
+from hybridspec.runner.decode import release_runner
 from hybridspec.state import MAX_VERIFY
 
 _ORIGINAL = "_hybridspec_original_generate"
+# policies built from calibration artifacts, recognised across calls (a few artifacts per process)
+_CALIBRATED = BoundedCache(16)
 # processors that run a model or keep state across calls cannot be replayed per verified position
 _UNSUPPORTED_PROCESSORS = tuple(
     getattr(logits_process, name)
@@ -41,10 +45,12 @@ def enable(model):
 
 
 def disable(model):
-    """Undo `enable`; a model that was never enabled is returned as it is."""
+    """Undo `enable` and free the cached runner (its CUDA graphs, KV and state buffers); a model
+    that was never enabled is returned as it is."""
     original = model.__dict__.pop(_ORIGINAL, None)
     if original is not None:
         model.__dict__.pop("generate", None)
+    release_runner(model)
     return model
 
 
@@ -54,7 +60,8 @@ def _generate(model, *args, hybridspec: bool = False, verify_length: int | None 
     original = getattr(model, _ORIGINAL)
     if not hybridspec:
         extra = [n for n, v in (("verify_length", verify_length), ("policy", policy), ("calibration", calibration),
-                                ("enforce_eager", enforce_eager), ("reference_loop", reference_loop))
+                                ("enforce_eager", enforce_eager), ("reference_loop", reference_loop),
+                                ("hybridspec_recorder", hybridspec_recorder), ("hybridspec_accept", hybridspec_accept))
                  if v is not None]
         if extra:
             raise ValueError(f"{', '.join(extra)} only apply with hybridspec=True")
@@ -95,11 +102,11 @@ def _policy(model, drafter, verify_length, policy, calibration):
     device = model.get_output_embeddings().weight.device
     calibration.check(target_fingerprint(model), drafter_fingerprint(drafter), current_device_name(device),
                       runtime_versions())
-    # one policy object per (artifact, name, length): the runner cache recognises it on the next call
-    built = calibration.__dict__.setdefault("_hybridspec_policies", {})
-    if (policy, top) not in built:
-        built[policy, top] = from_calibration(policy, calibration, top)
-    return built[policy, top]
+    # one policy object per (artifact, name, length): the runner cache recognises it on the next
+    # call. The entry holds the artifact too, so its id is not reused while the entry lives.
+    entry = _CALIBRATED.get((id(calibration), policy, top),
+                            lambda: (calibration, from_calibration(policy, calibration, top)))
+    return entry[1]
 
 
 def _check_request(model, args, kwargs) -> None:

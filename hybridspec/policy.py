@@ -1,4 +1,4 @@
-"""Verification length per round (DESIGN.md section 2, steps 2 and 4), on the device.
+"""Verification length per round (docs/design.md, "Length policy"), on the device.
 
     p_i = prod_{j <= i} c_j,   w0 = argmax_{2 <= w <= W} [1 + sum_{i < w} p_i - rho * C(w)]
 
@@ -22,15 +22,30 @@ The policies that `generate(..., policy=...)` names:
 
 from __future__ import annotations
 
-import functools
 import warnings
-from dataclasses import dataclass, replace
-from typing import NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from hybridspec.calibration.costs import keep_extra_token
+from hybridspec.cache import BoundedCache
 from hybridspec.drafter.protocol import DraftBlock
+
+
+class Constants(dict):
+    """A policy's constant tensors per (values, device), built on first use. The first build copies
+    from the host, which a CUDA-graph capture forbids, so the runner's warm-up round builds them
+    before capture; they live as long as the policy, so a captured graph never reads a freed one."""
+
+    def get(self, values: tuple, device) -> torch.Tensor:
+        key = (values, torch.device(device))
+        if key not in self:
+            self[key] = torch.tensor(values, device=device)
+        return self[key]
+
+
+def _constants():
+    return field(default_factory=Constants, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,7 @@ class LengthPolicy:
 
     cost: tuple[float, ...]
     rho: float
+    constants: Constants = _constants()
 
     @classmethod
     def builtin_default(cls, max_len: int = 16) -> LengthPolicy:
@@ -59,19 +75,12 @@ class LengthPolicy:
         top = min(D + 1, len(self.cost))
         if top <= 1:
             return torch.ones(B, dtype=torch.long, device=prefix.device)
-        ws = constant(tuple(range(2, top + 1)), prefix.device)
+        ws = self.constants.get(tuple(range(2, top + 1)), prefix.device)
         gain = expected_tokens(prefix)[:, ws - 1]
-        score = gain - self.rho * constant(self.cost[1:top], prefix.device)
+        score = gain - self.rho * self.constants.get(self.cost[1:top], prefix.device)
         score = score.masked_fill(ws > cap[:, None], float("-inf"))
         # argmax returns the first maximum: ties go to the shorter length
         return torch.where(cap < 2, cap.clamp(min=1), ws[score.argmax(dim=-1)])
-
-
-@functools.lru_cache(maxsize=None)
-def constant(values: tuple, device: torch.device) -> torch.Tensor:
-    """A policy constant on `device`, built once: the first build copies from the host, which a
-    CUDA-graph capture forbids, so the runner's warm-up round builds them before capture."""
-    return torch.tensor(values, device=device)
 
 
 def budget(max_w: int | torch.Tensor, batch_size: int, device) -> torch.Tensor:
@@ -122,6 +131,58 @@ class RoutingCorrection:
         return keep_extra_token(p_w0, self.rho, self.cost, w0, self.s, self.eta, self.nbar, self.nbar_given, n_new)
 
 
+def keep_extra_token(p_w0: torch.Tensor, rho: float, cost: torch.Tensor, w0: torch.Tensor, s: float, eta: float,
+                     nbar: torch.Tensor, nbar_given: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Routing correction: True where the round verifies `w0 + 1` tokens instead of `w0`.
+
+    `p_w0` `[B]` prefix probability of draft w0 (the extra token's expected gain); `rho` tokens/ms;
+    `cost` `[W]` ms with `cost[w - 1] = C_tgt(w)`; `w0` `[B]` long, the selector's length; `s` ms
+    per Stage-0 token; `eta` ms per distinct expert per MoE layer; `nbar` `[W]`, `nbar_given`
+    `[W, k + 1]` (`RoutingTables`); `n` `[B]` long, Layer-0 experts token w0 + 1 adds.
+    Returns bool `[B]`; False where `w0 >= W` (no longer input exists). Gathers only: no host reads."""
+    W = cost.shape[0]
+    room = w0 < W
+    # 0-based: cost[w0] = C_tgt(w0 + 1); w0 = W has no such entry, its index is clamped and `room` masks it
+    i = w0.clamp(1, W - 1)
+    nn = n.clamp(0, nbar_given.shape[1] - 1)
+    step = cost[i] - cost[i - 1]
+    deviation = nbar_given[i, nn] - nbar[i]
+    dL = step - s + eta * deviation
+    return room & (p_w0 > rho * dL)
+
+
+@runtime_checkable
+class AcceptanceModel(Protocol):
+    """Calibrated conditional acceptance probabilities from the drafter's signals (fitted by
+    `hybridspec.calibration.acceptance`; the policy only evaluates it)."""
+
+    def predict(self, confidence: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+        """`[B, D]` confidences and entropies -> `[B, D]` conditional acceptance probabilities."""
+        ...
+
+    def prepare(self, device) -> object:
+        """Build its device tensors on `device` (before a CUDA-graph capture)."""
+        ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What a round asks of a length policy. `select` picks the nominal length w0 on the device;
+    `correction` (or None) decides on one more token at the Layer-0 router boundary; `two_stage`
+    says whether the chosen tokens resume from that boundary (True) or are verified again from the
+    embedding (the "no_two_stage" ablation); `prepare` builds device constants before capture."""
+
+    name: str
+    correction: RoutingCorrection | None
+    two_stage: bool
+
+    def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
+        ...
+
+    def prepare(self, device) -> None:
+        ...
+
+
 @dataclass(frozen=True)
 class AdaptivePolicy:
     """Per-round `w0` from an acceptance model (raw confidence when `acceptance` is None) and a
@@ -129,9 +190,13 @@ class AdaptivePolicy:
 
     name: str
     length: LengthPolicy
-    acceptance: object | None = None
+    acceptance: AcceptanceModel | None = None
     correction: RoutingCorrection | None = None
     two_stage: bool = True
+
+    def prepare(self, device) -> None:
+        if self.acceptance is not None:
+            self.acceptance.prepare(device)
 
     def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
         if self.acceptance is None:
@@ -151,6 +216,12 @@ class RatioPolicy:
     lengths: tuple[int, ...]
     cost: tuple[float, ...]
     fixed_ms: float
+    constants: Constants = _constants()
+    correction: ClassVar[None] = None
+    two_stage: ClassVar[bool] = True
+
+    def prepare(self, device) -> None:
+        pass
 
     def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
         prefix = prefix_probabilities(block.confidence)
@@ -159,9 +230,9 @@ class RatioPolicy:
         usable = tuple(w for w in self.lengths if w <= D + 1)
         if not usable:
             return Selection(cap.clamp(1, D + 1), prefix)
-        ws = constant(usable, prefix.device)
+        ws = self.constants.get(usable, prefix.device)
         gain = expected_tokens(prefix)[:, ws - 1]
-        time = self.fixed_ms + constant(tuple(self.cost[w - 1] for w in usable), prefix.device)
+        time = self.fixed_ms + self.constants.get(tuple(self.cost[w - 1] for w in usable), prefix.device)
         ratio = (gain / time).masked_fill(ws > cap[:, None], float("-inf"))
         # a budget below the smallest candidate verifies what is left
         short = cap < min(usable)
@@ -174,6 +245,11 @@ class FixedPolicy:
 
     name: str
     length: int
+    correction: ClassVar[None] = None
+    two_stage: ClassVar[bool] = True
+
+    def prepare(self, device) -> None:
+        pass
 
     def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
         B = block.tokens.shape[0]
@@ -198,18 +274,21 @@ def from_calibration(name: str, calibration, max_len: int):
             nbar=torch.tensor(calibration.nbar, dtype=torch.float32),
             nbar_given=torch.tensor(calibration.nbar_given, dtype=torch.float32),
         )
-    return AdaptivePolicy(name, length, calibration.acceptance, correction, two_stage=name == "hybridspec")
+    # every policy but the "no_two_stage" ablation resumes Stage 1 at the router boundary: the round
+    # runs Stage 0 anyway where Layer 0 has one, and resuming is the same arithmetic, minus a re-run
+    return AdaptivePolicy(name, length, calibration.acceptance, correction, two_stage=name != "no_two_stage")
 
 
-_warned = False
-_defaults: dict = {}
+# one object per (name, length), so the runner recognises it across calls; a handful of names
+# and lengths exist, the bound only makes that explicit
+_DEFAULTS = BoundedCache(64)
+_WARNED = BoundedCache(1)
 
 
 def default_policy(name: str, max_len: int) -> AdaptivePolicy:
     """The uncalibrated fallback of the adaptive policies (one object per name and length, so the
     runner recognises it across calls); warns once per process."""
-    global _warned
-    if not _warned:
+    if _WARNED.first_time("default-policy"):
         warnings.warn(
             f"hybridspec: policy={name!r} without calibration uses the built-in default length policy (raw "
             "drafter confidence, linear cost). Lengths adapt per round but are not tuned to this model or GPU, "
@@ -217,7 +296,4 @@ def default_policy(name: str, max_len: int) -> AdaptivePolicy:
             "`hybridspec calibrate` and pass generate(..., calibration=path).",
             stacklevel=4,
         )
-        _warned = True
-    if (name, max_len) not in _defaults:
-        _defaults[name, max_len] = AdaptivePolicy(name, LengthPolicy.builtin_default(max_len))
-    return _defaults[name, max_len]
+    return _DEFAULTS.get((name, max_len), lambda: AdaptivePolicy(name, LengthPolicy.builtin_default(max_len)))

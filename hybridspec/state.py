@@ -6,10 +6,10 @@
 - Attention: preallocated keys/values `[B, H_kv, max_len, D]` per attention layer; a round writes
   w rows at `length` and the commit advances `length` by m (stale rows are overwritten next round).
 
-The eager loop keeps `length` as a Python int and verifies exactly w rows. The CUDA-graph runner
-keeps it as a `[1]` device tensor, always verifies `MAX_VERIFY` rows and sets `num_tokens` (`[B]`
-device tensor, the w of the round) so that the kernels ignore rows past w; `commit_static` then
-advances by a device-resident m.
+`length` is a `[1]` device tensor and `commit(m)` takes m as a `[B]` device tensor, so nothing here
+reads a length on the host. The CUDA-graph runner verifies a fixed `MAX_VERIFY` rows and sets
+`num_tokens` (`[B]` device tensor, the w of the round) so that the kernels ignore rows past w; the
+reference loop verifies exactly w rows (`num_tokens` None). Both commit the same way.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class HybridState:
     conv_inputs: torch.Tensor  # [Lg, B, C, W]
     keys: list[torch.Tensor]  # per attention layer [B, Hkv, max_len, D]
     values: list[torch.Tensor]
-    # tokens committed to the attention caches (= the position of the next token): int or [1] tensor
-    length: int | torch.Tensor
+    # tokens committed to the attention caches (= the position of the next token): [1] long tensor
+    length: torch.Tensor
     written: int = 0  # tokens the last verification wrote
     # [B] rows of the round that count (None: all of them); the kernels skip the rest
     num_tokens: torch.Tensor | None = None
@@ -77,22 +77,9 @@ class HybridState:
             values=[v.clone() for v in self.values], length=self.length,
         )
 
-    def commit(self, num_commit: int) -> None:
-        """Keep the first `num_commit` of the `written` verified tokens in every layer."""
-        w, m = self.written, num_commit
-        if not 1 <= m <= w:
-            raise ValueError(f"commit of {m} tokens after a round of {w}")
-        device = self.gdn_states.device
-        gdn_commit(self.gdn_states, self.round_factors(w), torch.full((self.gdn_states.shape[1],), m, device=device))
-        k = self.conv_windows.shape[-1]
-        full = torch.cat([self.conv_windows, self.conv_inputs[..., :w]], dim=-1)
-        self.conv_windows.copy_(full[..., m : m + k])
-        self.length += m
-        self.written = 0
-
-    def commit_static(self, num_commit: torch.Tensor) -> None:
-        """`commit` with m `[B]` on the device, after a round of `written` rows; no host read.
-        The attention length (a `[1]` tensor, batch one) advances by m."""
+    def commit(self, num_commit: torch.Tensor) -> None:
+        """Keep the first m of the `written` verified tokens in every layer, with m `[B]` on the
+        device (batch one: the attention length advances by row 0's m); no host read."""
         w = self.written
         gdn_commit(self.gdn_states, self.round_factors(w), num_commit)
         k = self.conv_windows.shape[-1]

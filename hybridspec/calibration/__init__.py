@@ -1,4 +1,4 @@
-"""Calibration of the length policy (DESIGN.md section 2): acceptance model, cost model, artifact.
+"""Calibration of the length policy (docs/design.md, "Length policy"): acceptance model, cost model, artifact.
 
 Loading an artifact and `AcceptanceModel.predict` need only torch; the fitting functions import
 scikit-learn when called (`pip install "hybridspec[calibrate]"`).
@@ -19,10 +19,10 @@ from hybridspec.calibration.costs import (
     dinkelbach_rho,
     fit_line,
     fit_round_cost,
-    keep_extra_token,
     routing_cell_counts,
     routing_tables,
 )
+from hybridspec.policy import keep_extra_token
 
 __all__ = [
     "SCHEMA_VERSION",

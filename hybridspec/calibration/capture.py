@@ -124,7 +124,7 @@ def _median_ms(fn, device: torch.device, repeats: int) -> float:
 def stage0_latency(model, input_ids: torch.Tensor, lengths, repeats: int = 20) -> dict[int, float]:
     """Stage-0 time (embedding, Layer-0 GDN, Layer-0 router) for u tokens after a prompt, per u.
     Nothing is committed, so every call sees the same state."""
-    from hybridspec.generation.prefill import prefill
+    from hybridspec.round.prefill import prefill
 
     family = family_of(model)
     _, cache, _ = prefill(model, input_ids, ())

@@ -209,23 +209,3 @@ def best_static_length(tokens, cost, fixed_ms: float) -> int:
     time = _round_times(cost, fixed_ms, t.shape[1])
     throughput = t.sum(0)[1:] / (len(t) * time[1:])
     return int(np.argmax(throughput)) + 2
-
-
-def keep_extra_token(p_w0: torch.Tensor, rho: float, cost: torch.Tensor, w0: torch.Tensor, s: float, eta: float,
-                     nbar: torch.Tensor, nbar_given: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """Routing correction: True where the round verifies `w0 + 1` tokens instead of `w0`.
-
-    `p_w0` `[B]` prefix probability of draft w0 (the extra token's expected gain); `rho` tokens/ms;
-    `cost` `[W]` ms with `cost[w - 1] = C_tgt(w)`; `w0` `[B]` long, the selector's length; `s` ms
-    per Stage-0 token; `eta` ms per distinct expert per MoE layer; `nbar` `[W]`, `nbar_given`
-    `[W, k + 1]` (`RoutingTables`); `n` `[B]` long, Layer-0 experts token w0 + 1 adds.
-    Returns bool `[B]`; False where `w0 >= W` (no longer input exists). Gathers only: no host reads."""
-    W = cost.shape[0]
-    room = w0 < W
-    # 0-based: cost[w0] = C_tgt(w0 + 1); w0 = W has no such entry, its index is clamped and `room` masks it
-    i = w0.clamp(1, W - 1)
-    nn = n.clamp(0, nbar_given.shape[1] - 1)
-    step = cost[i] - cost[i - 1]
-    deviation = nbar_given[i, nn] - nbar[i]
-    dL = step - s + eta * deviation
-    return room & (p_w0 > rho * dL)

@@ -41,11 +41,9 @@ SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")
 
 
 class DFlashDrafter(nn.Module):
-    """A DFlash drafter (hybridspec.drafter.protocol.Drafter). Weights as in z-lab checkpoints:
+    """A DFlash drafter (`hybridspec.drafter.protocol.DeviceDrafter`: fixed shapes and
+    device-resident lengths, so the runner captures it in its graph). Weights as in z-lab checkpoints:
     `layers.*`, `fc`, `hidden_norm`, `norm`; the embedding and LM head are the target's (`bind`)."""
-
-    # drafts with fixed shapes and device-resident lengths: the runner captures it in its graph
-    device_resident = True
 
     def __init__(self, config: DFlashConfig):
         super().__init__()

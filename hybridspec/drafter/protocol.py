@@ -17,6 +17,11 @@ features the drafter holds), `W = block_size` and `D = W - 1`:
 m"): rows past `L + m` are stale and the next round overwrites them, so no shape depends on `m`,
 and a device tensor `m` is never read on the host.
 
+A `DeviceDrafter` also drafts with fixed shapes and device-resident lengths, so the CUDA-graph
+runner can capture it inside its round: `reset(B, max_length)` sizes its context once (the prompt
+then arrives through `observe(features, P)`), `propose` takes the `[B, 1]` anchors, and
+`static_buffers()` lists the buffers a captured round reads (the runner recaptures if they move).
+
 Features are the target's tap hidden states concatenated on the last dimension in
 `target_layer_ids` order: tap i is the output of target layer i, `hidden_states[i + 1]` of a
 transformers forward with `output_hidden_states=True`.
@@ -62,4 +67,17 @@ class Drafter(Protocol):
     def observe(self, features: torch.Tensor, num_commit: torch.Tensor | int) -> None:
         """Tap features `[B, w, n_taps * H]` of the w verified tokens; the first `num_commit`
         (`m = A + 1`, an int or a `[B]` device tensor) are committed."""
+        ...
+
+
+@runtime_checkable
+class DeviceDrafter(Drafter, Protocol):
+    """A drafter the CUDA-graph runner can capture: fixed shapes, lengths on the device."""
+
+    def reset(self, batch_size: int, max_length: int) -> None:
+        """Empty every row's context, sized once for `max_length` target positions."""
+        ...
+
+    def static_buffers(self) -> list[torch.Tensor]:
+        """The device buffers a captured round reads and writes."""
         ...

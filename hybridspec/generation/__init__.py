@@ -1,1 +1,1 @@
-"""Speculative decoding through transformers' `generate` entry (DESIGN.md section 2)."""
+"""Speculative decoding through transformers' `generate` entry (docs/design.md, "One round")."""

@@ -16,7 +16,7 @@ class HybridSpecOptions:
     streamer: Any
     # calibration's `RoundRecorder`, or None
     recorder: Any = None
-    # an `AcceptRule` replacing the greedy / sampling rule (simulation only: `hybridspec.sim.forced`)
+    # an `AcceptRule` replacing the greedy / sampling rule of the rounds (`generate(hybridspec_accept=)`)
     accept: Any = None
     # the runner without CUDA graphs
     enforce_eager: bool = False

@@ -1,6 +1,6 @@
 """`hybridspec::gdn_verify` and `hybridspec::gdn_commit`: custom ops, fake kernels and host wrappers.
 
-The ops are `torch.library.custom_op`s (DESIGN.md section 7: this form passes `opcheck` and a
+The ops are `torch.library.custom_op`s (docs/design.md, "Ops": this form passes `opcheck` and a
 `fullgraph` compile on a machine without a GPU). Each body launches the Triton kernel for CUDA
 tensors, and for CPU tensors under `TRITON_INTERPRET=1`; otherwise it runs the naive twin.
 The wrappers validate; the kernels trust their inputs.

@@ -1,4 +1,4 @@
-"""Commit of the accepted GDN state for every layer in one launch (DESIGN.md eq. 5).
+"""Commit of the accepted GDN state for every layer in one launch (docs/design.md, eq. 5).
 
     S_m = e^{G_m} S_0 + K_{1:m}^T diag(e^{G_m - G_{1:m}}) Z_{1:m}
 

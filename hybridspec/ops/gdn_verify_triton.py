@@ -1,4 +1,4 @@
-"""Block-parallel GDN verification (DESIGN.md eqs. 3 and 4): all w outputs and the compact factors.
+"""Block-parallel GDN verification (docs/design.md, eqs. 3 and 4): all w outputs and the compact factors.
 
 One program per (value-column tile, batch x value head). Per program, with T padded to BT = 16:
 

@@ -1,6 +1,6 @@
 """`hybridspec::moe_experts`: custom op, fake kernel and host wrapper for small-batch MoE experts.
 
-Same form as the GDN ops (DESIGN.md section 7): a `torch.library.custom_op` whose body launches the
+Same form as the GDN ops (docs/design.md, "Ops"): a `torch.library.custom_op` whose body launches the
 Triton kernels (hybridspec/ops/moe_triton.py) for CUDA tensors, and for CPU tensors under
 `TRITON_INTERPRET=1`, and runs the naive twin otherwise. The wrapper validates; the kernels trust
 their inputs. Three launches per 16-row piece (gate/up, down, reduce), no host sync, no

@@ -1,4 +1,4 @@
-"""Token-by-token Gated DeltaNet recurrence (DESIGN.md eq. 1): the oracle for every GDN kernel.
+"""Token-by-token Gated DeltaNet recurrence (docs/design.md, "GDN verification math", eq. 1): the oracle for every GDN kernel.
 
 Per value head, with the state S of shape [K, V] in fp32:
 

@@ -1,7 +1,7 @@
 """Routing statistics of a verified block, on the device: how many distinct experts the first j
 tokens touch, and how many experts each token adds to the union of the tokens before it.
 
-The length policy's routing correction (DESIGN.md section 2, step 4) reads `n_new` from these
+The length policy's routing correction (docs/design.md, "Routing correction") reads `n_new` from these
 counts without a host sync, and calibration tabulates them per round. Plain tensor ops (a one-hot
 scatter and a running maximum), so they capture in a CUDA graph and have no Triton twin to test.
 """

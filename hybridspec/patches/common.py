@@ -36,7 +36,7 @@ def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor |
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start,
                      apply_rope) -> torch.Tensor:
     """Gated attention of w new tokens against one layer's KV buffers `[B, Hkv, rows, D]`: write w
-    rows at `start` (the committed length: an int, or a `[1]` device tensor for the runner)."""
+    rows at `start` (the committed length, a `[1]` device tensor)."""
     B, w, _ = x.shape
     hidden_shape = (B, w, -1, mod.head_dim)
     q, gate = torch.chunk(mod.q_proj(x).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
@@ -46,15 +46,10 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     v = mod.v_proj(x).view(hidden_shape).transpose(1, 2)
     q, k = apply_rope(q, k, *cos_sin)
     rows = start + torch.arange(w, device=x.device)  # [w]
-    if isinstance(start, torch.Tensor):
-        # the runner: positions live on the device, so write by index and attend over the whole
-        # buffer; rows past the round's w are computed and never used
-        keys.index_copy_(2, rows, k)
-        values.index_copy_(2, rows, v)
-    else:
-        keys[:, :, start : start + w] = k
-        values[:, :, start : start + w] = v
-        keys, values = keys[:, :, : start + w], values[:, :, : start + w]
+    # positions live on the device, so write by index and attend over the whole buffer under a
+    # mask; rows past the round's w are computed and never used
+    keys.index_copy_(2, rows, k)
+    values.index_copy_(2, rows, v)
     # query i sits at position start + i and sees keys 0..start + i
     allowed = torch.arange(keys.shape[2], device=x.device)[None, :] <= rows[:, None]
     impl = mod.config._attn_implementation

@@ -21,9 +21,8 @@ def allocate_state(family, model, cache, max_len: int) -> HybridState:
     return state
 
 
-def empty_state(family, model, batch_size: int, max_len: int, device, length=0) -> HybridState:
-    """Zeroed buffers for `batch_size` rows and `max_len` positions; `length` is the committed
-    length, an int (the eager loop) or a `[1]` long device tensor (the CUDA-graph runner)."""
+def empty_state(family, model, batch_size: int, max_len: int, device) -> HybridState:
+    """Zeroed buffers for `batch_size` rows and `max_len` positions, committed length 0."""
     config = family.text_config(model)
     layers = family.text_model(model).layers
     gdn_layers = [i for i, t in enumerate(config.layer_types) if t == "linear_attention"]
@@ -51,7 +50,7 @@ def empty_state(family, model, batch_size: int, max_len: int, device, length=0) 
         gdn_layers=gdn_layers, attn_layers=attn_layers,
         gdn_states=torch.zeros(Lg, B, HV, Kd, Vd, **fp32), factors=factors,
         conv_windows=windows, conv_inputs=windows.new_zeros(Lg, B, C, MAX_VERIFY),
-        keys=keys, values=values, length=length,
+        keys=keys, values=values, length=torch.zeros(1, dtype=torch.long, device=device),
     )
 
 
@@ -67,10 +66,7 @@ def load_prefill(state: HybridState, cache) -> None:
             raise ValueError(f"a prompt of {length} tokens does not fit a state of {state.keys[n].shape[2]} positions")
         state.keys[n][:, :, :length] = cache.layers[i].keys
         state.values[n][:, :, :length] = cache.layers[i].values
-    if isinstance(state.length, torch.Tensor):
-        state.length.fill_(length)
-    else:
-        state.length = length
+    state.length.fill_(length)
     state.written = 0
 
 

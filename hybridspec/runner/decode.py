@@ -14,10 +14,12 @@ import warnings
 import torch
 from transformers.generation import logits_process
 
+from hybridspec.cache import BoundedCache
+from hybridspec.drafter.protocol import DeviceDrafter
 from hybridspec.policy import FixedPolicy, RatioPolicy
-from hybridspec.runner.round import Sampler
+from hybridspec.round.round import Sampler
+from hybridspec.round.stopping import HostStopping
 from hybridspec.runner.runner import Runner
-from hybridspec.runner.stopping import HostStopping
 
 _CONTEXT_FREE = tuple(
     getattr(logits_process, name)
@@ -26,7 +28,8 @@ _CONTEXT_FREE = tuple(
     if hasattr(logits_process, name)
 )
 _ATTR = "_hybridspec_runner"
-_warned: set[str] = set()
+# reasons already warned about (one warning per reason and process)
+_WARNED = BoundedCache(64)
 
 
 def runner_blocker(opts, logits_processor, stopping_criteria, generation_config) -> str | None:
@@ -37,7 +40,7 @@ def runner_blocker(opts, logits_processor, stopping_criteria, generation_config)
         return "calibration records rounds"
     if generation_config.output_scores or generation_config.output_logits:
         return "output_scores / output_logits need per-position scores on the host"
-    if not getattr(opts.drafter, "device_resident", False):
+    if not isinstance(opts.drafter, DeviceDrafter):
         return f"the drafter {type(opts.drafter).__name__} drafts on the host"
     odd = [type(p).__name__ for p in logits_processor or [] if not isinstance(p, _CONTEXT_FREE)]
     if odd:
@@ -49,8 +52,7 @@ def runner_blocker(opts, logits_processor, stopping_criteria, generation_config)
 
 def warn_fallback(model, reason: str) -> None:
     """Say once per reason, on CUDA only (on the CPU both paths run eagerly)."""
-    if model.get_output_embeddings().weight.device.type == "cuda" and reason not in _warned:
-        _warned.add(reason)
+    if model.get_output_embeddings().weight.device.type == "cuda" and _WARNED.first_time(reason):
         warnings.warn(f"hybridspec: {reason}, so this call runs the reference loop without CUDA graphs", stacklevel=5)
 
 
@@ -77,16 +79,23 @@ def cached_runner(model, drafter, policy, logits_processor, generation_config, e
     sampler, sampler_key = _sampler(logits_processor, generation_config, rule)
     key = (id(drafter), _policy_key(policy), sampler_key, enforce_eager)
     need = generation_config.max_length
-    runner = getattr(model, _ATTR, None)
+    runner = model.__dict__.get(_ATTR)
     if runner is not None and runner.key == key and runner.capacity >= need and runner.drafter is drafter:
         return runner
     if runner is not None:
-        setattr(model, _ATTR, None)
+        release_runner(model)
         del runner
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
     capacity = max(256, 1 << (need - 1).bit_length())
     runner = Runner(model, drafter, policy, capacity=capacity, sampler=sampler, enforce_eager=enforce_eager)
     runner.key = key
     setattr(model, _ATTR, runner)
     return runner
+
+
+def release_runner(model) -> None:
+    """Drop the model's cached runner (captured graphs, KV and state buffers) and return its memory."""
+    runner = model.__dict__.pop(_ATTR, None)
+    if runner is not None:
+        runner.release()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

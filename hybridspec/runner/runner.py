@@ -2,7 +2,7 @@
 
 A runner owns one request slot sized for `capacity` positions: the verification state (KV
 buffers, the GDN state buffer, conv windows, round factors), the drafter's context, and the
-round's I/O buffers. Its step (`RoundProgram.spec_round`, or `ar_step` without a drafter) is
+round's I/O buffers. Its step (a `hybridspec.round.Round`, or `ar_step` without a drafter) is
 captured once as a CUDA graph. Per request the host runs transformers' prefill (eager), copies
 the cache into the static buffers, then replays the step; after each replay it queues a copy of
 the round's output into a pinned ring and reads round r - 1 while round r runs, so it never waits
@@ -18,14 +18,17 @@ from collections import deque
 
 import torch
 
-from hybridspec.generation.accept import EMPTY_MESSAGE, greedy_accept, process_positions, read_accepted, sample_accept
-from hybridspec.generation.prefill import prefill
-from hybridspec.generation.stats import HybridSpecStats
-from hybridspec.patches import family_of
-from hybridspec.patches.forward import EAGER, Blocks, empty_state, load_prefill
+from hybridspec.drafter.protocol import DeviceDrafter
+from hybridspec.patches.forward import EAGER, Blocks, empty_state
+from hybridspec.round.cond import CondVerify
+from hybridspec.round.emit import emit
+from hybridspec.round.prefill import start
+from hybridspec.round.round import Round, Sampler, ar_step
+from hybridspec.round.stats import HybridSpecStats
+from hybridspec.round.stopping import HostStopping
+from hybridspec.round.target import Target
 from hybridspec.runner.graphs import CapturedStep
-from hybridspec.runner.round import EMPTY_COL, EXTRA, L0_COL, M, W0_COL, W_COL, RoundIO, RoundProgram, Sampler
-from hybridspec.runner.stopping import HostStopping
+from hybridspec.runner.io import EMPTY_COL, EXTRA, L0_COL, M, W0_COL, W_COL, RoundIO
 from hybridspec.state import MAX_VERIFY
 
 # rounds in flight before the host reads one back
@@ -36,21 +39,22 @@ RING = 4
 class Runner:
     """The fast path for one target (and drafter), batch one.
 
-    `drafter`: a device-resident drafter (`DFlashDrafter`, `DeviceReplayDrafter`) or None for
-    autoregressive decoding. `policy`: a `hybridspec.policy` length policy (ignored without a
-    drafter). `capacity`: the longest sequence (prompt + output) a request may reach.
+    `drafter`: a `DeviceDrafter` (`hybridspec.drafter.protocol`, e.g. `DFlashDrafter`) or None for
+    autoregressive decoding. `policy`: a `hybridspec.policy.Policy` (ignored without a drafter).
+    `capacity`: the longest sequence (prompt + output) a request may reach.
     `enforce_eager`: run the step without CUDA graphs (always so on the CPU). `compile`: compile
     each decoder-layer kind once with `torch.compile` (fusing its elementwise work) before capture;
     default on when graphs are captured.
 
     `dispatch="cond"` (needs a drafter) verifies each round's w rows in per-length `torch.cond`
-    branches (`hybridspec/runner/cond.py`) instead of the default fixed 16-row graph. Such a step
+    branches (`hybridspec/round/cond.py`) instead of the default fixed 16-row graph. Such a step
     is never captured (torch 2.11 cannot put `torch.cond` in a CUDA graph) nor compiled by inductor
     (see `CondVerify`): dynamo traces the branches and runs them as traced. Kept as a tested,
     measured alternative: the fixed graph is faster (docs/benchmarks.md)."""
 
-    def __init__(self, model, drafter=None, policy=None, *, capacity: int, sampler: Sampler | None = None,
-                 enforce_eager: bool = False, compile: bool | None = None, dispatch: str = "fixed"):
+    def __init__(self, model, drafter: DeviceDrafter | None = None, policy=None, *, capacity: int,
+                 sampler: Sampler | None = None, enforce_eager: bool = False, compile: bool | None = None,
+                 dispatch: str = "fixed"):
         if dispatch not in ("fixed", "cond"):
             raise ValueError(f"dispatch must be 'fixed' or 'cond', got {dispatch!r}")
         if dispatch == "cond" and drafter is None:
@@ -59,27 +63,34 @@ class Runner:
         if dispatch == "cond" and compile:
             raise ValueError("dispatch='cond' runs its branches as dynamo traced them: inductor cannot compile "
                              "custom ops that write into their arguments inside torch.cond (torch 2.11)")
+        if drafter is not None and not isinstance(drafter, DeviceDrafter):
+            raise TypeError(f"the runner captures its drafter in the round: {type(drafter).__name__} is not a "
+                            "DeviceDrafter (hybridspec.drafter.protocol)")
         if dispatch == "cond":
             enforce_eager = True
         self.model, self.drafter, self.policy = model, drafter, policy
-        self.family = family_of(model)
         self.sampler = sampler or Sampler(do_sample=False)
         self.capacity = capacity
-        self.device = model.get_output_embeddings().weight.device
         self.width = drafter.block_size if drafter is not None else 1
         # rounds launched past the stop still write up to `width` rows each
         self.rows = rows = capacity + (LAG + 1) * MAX_VERIFY
-        self.state = empty_state(self.family, model, 1, rows, self.device,
-                                 length=torch.zeros(1, dtype=torch.long, device=self.device))
+        graphs = not enforce_eager and model.get_output_embeddings().weight.device.type == "cuda"
+        self.compiled = graphs if compile is None else compile
+        taps = tuple(drafter.target_layer_ids) if drafter is not None else ()
+        self.target = Target(model, taps, Blocks.compiled() if self.compiled else EAGER)
+        self.device = self.target.device
+        self.state = empty_state(self.target.family, model, 1, rows, self.device)
         if drafter is not None:
             drafter.reset(1, rows)
         self.io = RoundIO.allocate(self.width, self.device)
-        graphs = self.device.type == "cuda" and not enforce_eager
-        self.compiled = graphs if compile is None else compile
-        blocks = Blocks.compiled() if self.compiled else EAGER
-        self.program = RoundProgram(self.family, model, self.state, self.io, self.sampler, drafter, policy, blocks,
-                                    dispatch)
-        self._step_fn = self.program.spec_round if drafter is not None else self.program.ar_step
+        self.round = None
+        if drafter is not None:
+            cond = None
+            if dispatch == "cond":
+                two_stage = self.target.split and policy.two_stage
+                cond = CondVerify(self.target.family, model, self.state, taps, drafter.block_size, two_stage)
+            self.round = Round(self.target, self.state, drafter, policy, self.sampler, cond=cond)
+        self._step_fn = self._spec_step if drafter is not None else self._ar_step
         self._enforce_eager = enforce_eager
         self.step = CapturedStep(self._step_fn, self.device, enforce_eager)
         self._drafter_buffers = self._drafter_pointers()
@@ -90,13 +101,27 @@ class Runner:
         self._out_row = self.io.out[0]
         self.events = [torch.cuda.Event() for _ in range(RING)] if pinned else None
 
+    def _spec_step(self) -> None:
+        io = self.io
+        r = self.round(io.anchor, io.budget.clamp(min=1), self.sampler.process)
+        io.finish(r.tokens, r.accepted, r.w, r.w0, r.empty, r.layer0)
+
+    def _ar_step(self) -> None:
+        io = self.io
+        tokens, accepted, empty = ar_step(self.target, self.state, io.anchor, self.sampler)
+        one = accepted + 1
+        io.finish(tokens, accepted, one, one, empty, torch.full_like(one, -1))
+
     def _drafter_pointers(self) -> list[int]:
-        buffers = getattr(self.drafter, "static_buffers", None)
-        return [t.data_ptr() for t in buffers()] if buffers is not None else []
+        return [t.data_ptr() for t in self.drafter.static_buffers()] if self.drafter is not None else []
 
     @property
     def captured(self) -> bool:
         return self.step.captured
+
+    def release(self) -> None:
+        """Drop the captured graph and the static buffers (what `hybridspec.disable` calls)."""
+        self.step = self.round = self.state = self.io = self.ring = self._ring_rows = self._out_row = None
 
     @torch.no_grad()
     def start(self, input_ids: torch.Tensor, logits_processor=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,32 +132,23 @@ class Runner:
         P = input_ids.shape[1]
         if P >= self.capacity:
             raise ValueError(f"a prompt of {P} tokens does not fit a runner of capacity {self.capacity}")
-        taps = tuple(self.drafter.target_layer_ids) if self.drafter is not None else ()
         if self.drafter is not None:
             self.drafter.reset(1, self.rows)
             if self._drafter_pointers() != self._drafter_buffers:
                 # the drafter reallocated buffers the graph captured (it served another call in
-                # between): capture again, then clear what the warm-up left
+                # between): capture again; `start` below clears what the warm-up left
                 self.step = CapturedStep(self._step_fn, self.device, self._enforce_eager)
                 self._drafter_buffers = self._drafter_pointers()
-                self.drafter.reset(1, self.rows)
-        logits, cache, feats = prefill(self.model, input_ids, taps)
-        load_prefill(self.state, cache)
-        del cache
-        if self.drafter is not None:
-            self.drafter.observe(feats, P)
-        no_draft = input_ids[:, :0]
         if logits_processor is not None:
-            processed = process_positions(logits_processor, input_ids, no_draft, logits[:, None])
+            from hybridspec.round.accept import process_positions
+
+            def process(logits, drafts):
+                return process_positions(logits_processor, input_ids, drafts, logits)
         else:
-            processed = self.sampler.process(logits[:, None])
-        rule = sample_accept if self.sampler.do_sample else greedy_accept
-        tokens, accepted = rule(processed, no_draft)
-        if read_accepted(accepted, processed, self.sampler.do_sample)[1] == 0:
-            raise RuntimeError(EMPTY_MESSAGE)
-        first = tokens[:, :1]
+            process = self.sampler.process
+        first, processed, _ = start(self.target, self.state, self.drafter, input_ids, process, self.sampler, self.rows)
         self.io.anchor.copy_(first)
-        return first, processed[:, 0]
+        return first, processed
 
     @torch.no_grad()
     def decode(self, prompt_length: int, first: int, stop: HostStopping, on_tokens=None) -> tuple[list[int], HybridSpecStats]:
@@ -173,20 +189,15 @@ class Runner:
 
     def _read(self, row, prompt_length, out, stats, stop, on_tokens) -> bool:
         m, w, w0, empty, layer0 = (row[self.width + c] for c in (M, W_COL, W0_COL, EMPTY_COL, L0_COL))
-        done, kept = False, m - 1
         new = []
-        for i in range(m):
-            if i == empty:
-                raise RuntimeError(EMPTY_MESSAGE)
-            new.append(row[i])
-            if stop(prompt_length + len(out) + len(new), row[i]):
-                done, kept = True, i
-                break
+
+        def take(i, token):
+            new.append(token)
+            return stop(prompt_length + len(out) + len(new), token)
+
+        kept, done = emit(row[:m], empty, take)
         out.extend(new)
-        stats.verify_lengths.append(w)
-        stats.nominal_lengths.append(w0)
-        stats.accepted.append(kept)
-        stats.layer0_experts.append(layer0)
+        stats.record(w, w0, kept, layer0)
         if on_tokens is not None:
             on_tokens(new)
         return done

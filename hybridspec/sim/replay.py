@@ -134,8 +134,6 @@ class DeviceReplayDrafter(_Wrapping):
     drafts (`correct_prefix`): `hybridspec.sim.forced.ForcedAcceptance` reads them to replace the
     target's acceptance in benchmarks on random weights."""
 
-    device_resident = True
-
     def __init__(self, drafter, continuation: torch.Tensor, vocab_size: int | None = None):
         self.drafter = drafter
         self.continuation = continuation

@@ -9,12 +9,12 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from hybridspec.policy import keep_extra_token
 from hybridspec.calibration import (
     best_static_length,
     dinkelbach_rho,
     fit_line,
     fit_round_cost,
-    keep_extra_token,
     routing_cell_counts,
     routing_tables,
 )

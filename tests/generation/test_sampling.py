@@ -16,7 +16,7 @@ from transformers.generation import (
 
 import hybridspec
 from hybridspec.drafter.protocol import DraftBlock
-from hybridspec.generation.accept import greedy_accept, process_positions, sample_accept
+from hybridspec.round.accept import greedy_accept, process_positions, sample_accept
 from hybridspec.sim.scripted import ScriptedReplayDrafter
 from hybridspec.tiny import TARGET
 from tests.calibration.synthetic import synthetic_calibration

@@ -11,7 +11,7 @@ from transformers.generation.stopping_criteria import (
     StoppingCriteriaList,
 )
 
-from hybridspec.runner.stopping import HostStopping
+from hybridspec.round.stopping import HostStopping
 
 
 def test_length_eos_and_time_are_evaluated_per_token():

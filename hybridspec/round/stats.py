@@ -14,14 +14,20 @@ class HybridSpecStats:
     # wall time of the rounds (after the prefill and the first token; device synchronised); the
     # runner's includes the rounds launched past the stop
     decode_seconds: float = field(default=0.0, compare=False)
-    # the runner's distinct Layer-0 experts per round (-1: no router boundary; empty from the
-    # reference loop)
+    # distinct Layer-0 experts per round (-1: no router boundary)
     layer0_experts: list[int] = field(default_factory=list, compare=False)
     # the runner's host seconds per round outside waiting for the device, the part of it in the
     # graph replay call, and the rounds it launched
     host_seconds: list[float] = field(default_factory=list, compare=False)
     replay_seconds: list[float] = field(default_factory=list, compare=False)
     launched: int = field(default=0, compare=False)
+
+    def record(self, w: int, w0: int, kept: int, layer0: int) -> None:
+        """One round: its verified and nominal lengths, the drafts kept, its Layer-0 experts."""
+        self.verify_lengths.append(w)
+        self.nominal_lengths.append(w0)
+        self.accepted.append(kept)
+        self.layer0_experts.append(layer0)
 
     @property
     def rounds(self) -> int:

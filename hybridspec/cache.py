@@ -1,0 +1,44 @@
+"""`BoundedCache`: the one kind of process-wide cache the library keeps, explicit and bounded.
+
+Used for objects that must be recognised across `generate` calls (default policies, policies built
+from a calibration, compiled layer blocks) and for once-per-process warnings. Least recently used
+entries are dropped past `maxsize`; whoever needs an object to stay alive (a captured graph) holds
+its own reference.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Hashable, TypeVar
+
+T = TypeVar("T")
+
+
+class BoundedCache:
+    def __init__(self, maxsize: int):
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be positive, got {maxsize}")
+        self.maxsize = maxsize
+        self._items: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: Hashable, build: Callable[[], T]) -> T:
+        """The entry for `key`, built by `build()` when absent."""
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        value = self._items[key] = build()
+        while len(self._items) > self.maxsize:
+            self._items.popitem(last=False)
+        return value
+
+    def first_time(self, key: Hashable) -> bool:
+        """True the first time `key` is seen (among the last `maxsize` keys): say-once warnings."""
+        seen = key in self._items
+        self.get(key, lambda: True)
+        return not seen
+
+    def clear(self) -> None:
+        self._items.clear()

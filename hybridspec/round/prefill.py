@@ -1,0 +1,49 @@
+"""Prefill: transformers' own forward over the prompt with the taps the drafter reads, and the
+hand-over of a request to a round's buffers (`start`)."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+
+def prefill(model, input_ids, taps):
+    """Transformers' own forward over the prompt: last-position logits `[B, V]` fp32, its
+    `DynamicCache`, and the tap features `[B, P, len(taps) * H]`."""
+    cache = DynamicCache(config=model.config)
+    # transformers 5.24 renamed `past_key_values` to `cache` in forward signatures
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids, use_cache=True, output_hidden_states=bool(taps), logits_to_keep=1, **{name: cache})
+    feats = torch.cat([out.hidden_states[i + 1] for i in taps], -1) if taps else input_ids.new_zeros(*input_ids.shape, 0)
+    return out.logits[:, -1].float(), cache, feats
+
+
+@torch.no_grad()
+def start(target, state, drafter, input_ids: torch.Tensor, process, sampler, max_length: int):
+    """The prefill hand-over of a request, for the runner and the reference loop alike: prefill,
+    load `state` (in place), hand the prompt to the drafter, and choose the first token from the
+    prompt's last position with the call's own rule (the bonus of a round without drafts).
+
+    A `DeviceDrafter` is `reset` for `max_length` target positions, then observes the prompt; a host
+    drafter `start`s on it. Returns the first token `[B, 1]`, its processed scores and raw logits
+    `[B, V]`; raises where that position's sampled distribution is empty."""
+    from hybridspec.drafter.protocol import DeviceDrafter
+    from hybridspec.patches.forward import load_prefill
+    from hybridspec.round.accept import EMPTY_MESSAGE
+
+    logits, cache, feats = prefill(target.model, input_ids, target.taps)
+    load_prefill(state, cache)
+    del cache
+    if isinstance(drafter, DeviceDrafter):
+        drafter.reset(input_ids.shape[0], max_length)
+        drafter.observe(feats, input_ids.shape[1])
+    elif drafter is not None:
+        drafter.start(input_ids, feats)
+    no_draft = input_ids[:, :0]
+    processed = process(logits[:, None], no_draft)  # [B, 1, V]
+    tokens, accepted = sampler.own_rule(processed, no_draft, None)
+    if int(sampler.empty(processed, accepted)[0]) == 0:
+        raise RuntimeError(EMPTY_MESSAGE)
+    return tokens[:, :1], processed[:, 0], logits

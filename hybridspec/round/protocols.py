@@ -1,0 +1,43 @@
+"""The round's pluggable parts, as protocols: the accept rule, the position processor, the
+calibration recorder. (The drafter's protocols live in `hybridspec.drafter.protocol`, the length
+policy's in `hybridspec.policy`.)"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from hybridspec.drafter.protocol import DraftBlock
+
+
+@runtime_checkable
+class AcceptRule(Protocol):
+    """`(processed [B, n, V], drafts [B, >= n - 1], num_tokens [B] or None) -> (tokens, accepted)`:
+    `tokens[:, :A]` the kept drafts, `tokens[:, A]` the token after them, `accepted` A `[B]`.
+    `num_tokens` is the round's w when n is the fixed row count (rows past it are ignored)."""
+
+    def __call__(self, processed: torch.Tensor, drafts: torch.Tensor,
+                 num_tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
+
+
+@runtime_checkable
+class Process(Protocol):
+    """Raw fp32 logits `[B, n, V]` of the verified positions -> processed scores, as target-only
+    decoding processes each position (`drafts` `[B, D]`: the context a position sees)."""
+
+    def __call__(self, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        ...
+
+
+@runtime_checkable
+class RoundRecorder(Protocol):
+    """Calibration's host hook on the reference loop: `begin()` before drafting, `end(...)` after
+    the round's tokens are emitted (`routing`: every sparse MoE layer's expert ids `[B, w, k]`)."""
+
+    def begin(self) -> None:
+        ...
+
+    def end(self, block: DraftBlock, w: int, accepted: int, routing: list | None, stopped: bool) -> None:
+        ...

@@ -1,0 +1,133 @@
+"""`Round`: one speculative decoding round composed of the stages of `hybridspec.round.stages`,
+and `ar_step`, one autoregressive token on the same buffers.
+
+The CUDA-graph runner calls a `Round(exact=False)` inside its captured step: all `W = block_size`
+rows are verified and the round's lengths (w0, w, A, m) stay on the device. The reference loop
+calls a `Round(exact=True)`: after the correction it reads w on the host and verifies exactly w
+rows. Both commit m = A + 1 tokens inside the round.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from hybridspec.drafter.protocol import DraftBlock, Drafter
+from hybridspec.policy import Policy
+from hybridspec.round import stages
+from hybridspec.round.accept import first_empty, greedy_accept, sample_accept
+from hybridspec.round.protocols import AcceptRule, Process
+from hybridspec.round.target import Target
+from hybridspec.state import HybridState
+
+
+@dataclass
+class Sampler:
+    """The accept rule of one call and its context-free logits processors (`warpers`, applied to
+    every scored position alike: temperature, top-k, top-p, min-p). `rule` replaces the greedy or
+    sampling rule in the rounds (any `AcceptRule` passed as `generate(hybridspec_accept=)`); the
+    prefill's first token always takes the call's own rule."""
+
+    do_sample: bool
+    warpers: tuple = ()
+    rule: AcceptRule | None = None
+
+    @property
+    def own_rule(self) -> AcceptRule:
+        return sample_accept if self.do_sample else greedy_accept
+
+    @property
+    def round_rule(self) -> AcceptRule:
+        return self.rule or self.own_rule
+
+    def process(self, logits: torch.Tensor, drafts: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B, T, V]` fp32 -> processed scores, every position alike (a `Process`)."""
+        if not self.warpers:
+            return logits
+        B, T, V = logits.shape
+        scores = logits.reshape(B * T, V)
+        # these processors read only the scores; the id argument only has to exist
+        ids = torch.zeros(B * T, 1, dtype=torch.long, device=logits.device)
+        for warp in self.warpers:
+            scores = warp(ids, scores)
+        return scores.reshape(B, T, V)
+
+    def empty(self, processed: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        """`[B]` long: the first emitted position whose sampled distribution is empty (all -inf or
+        NaN), where transformers' sampler would raise; T + 1 if none or when greedy."""
+        if not self.do_sample:
+            return torch.full_like(accepted, processed.shape[1] + 1)
+        return first_empty(processed, accepted)
+
+
+class RoundResult(NamedTuple):
+    """One round on the device: the drafts, `w0`, `w`, `tokens` `[B, >= m]` (the first m = A + 1
+    are emitted), `accepted` A, `empty` (`Sampler.empty`), the distinct Layer-0 experts of the
+    verified tokens (-1 without Stage 0); the reference loop also keeps the raw and processed
+    scores `[B, n, V]` and the routing it recorded."""
+
+    block: DraftBlock
+    w0: torch.Tensor
+    w: torch.Tensor
+    tokens: torch.Tensor
+    accepted: torch.Tensor
+    empty: torch.Tensor
+    layer0: torch.Tensor
+    logits: torch.Tensor
+    processed: torch.Tensor
+    routing: list | None
+
+
+class Round:
+    """The round of one (target, state, drafter, policy, sampler). `exact`: verify exactly w rows
+    (one host read per round: the reference loop) instead of the fixed `W`. `cond`: verify in
+    per-length `torch.cond` branches (`hybridspec.round.cond.CondVerify`) instead of the fixed
+    shape. `record_routing`: keep every MoE layer's expert ids (calibration)."""
+
+    def __init__(self, target: Target, state: HybridState, drafter: Drafter, policy: Policy, sampler: Sampler,
+                 exact: bool = False, cond=None, record_routing: bool = False):
+        if record_routing and not exact:
+            raise ValueError("recording routing needs the exact rows of the reference loop")
+        self.target, self.state, self.drafter, self.policy, self.sampler = target, state, drafter, policy, sampler
+        self.exact, self.cond, self.record_routing = exact, cond, record_routing
+        device = state.gdn_states.device
+        if policy.correction is not None and not target.split:
+            warnings.warn(f"hybridspec: Layer 0 of this target is not GDN + sparse MoE, so policy={policy.name!r} "
+                          "runs single-stage without the routing correction", stacklevel=2)
+        policy.prepare(device)
+        self.correction = policy.correction.to(device) if policy.correction is not None and target.split else None
+        self.two_stage = target.split and policy.two_stage
+
+    @torch.no_grad()
+    def __call__(self, context: torch.Tensor, budget: torch.Tensor, process: Process) -> RoundResult:
+        """One round after `context[:, -1]`, the anchor; `budget` `[B]`: output tokens still
+        allowed (at least 1)."""
+        state = self.state
+        block = stages.draft(self.drafter, context)
+        selection = stages.select(self.policy, block, budget)
+        tokens = torch.cat([context[:, -1:], block.tokens], dim=-1)  # [B, W]
+        kept = stages.route_layer0(self.target, tokens, state)
+        w, layer0 = stages.correct(self.correction, selection, kept, budget, self.target.num_experts)
+        # the reference loop's one host read of a length: it verifies exactly w rows
+        rows = int(w[0]) if self.exact else None
+        routing = [] if self.record_routing else None
+        hidden, features = stages.verify(self.target, state, tokens, kept, w, rows, self.two_stage, self.cond, routing)
+        logits, processed = stages.score(self.target, hidden, block.tokens, process)
+        emitted, accepted = stages.accept(self.sampler.round_rule, processed, block.tokens, None if self.exact else w)
+        stages.commit(state, self.drafter, features, accepted + 1)
+        return RoundResult(block, selection.w0, w, emitted, accepted, self.sampler.empty(processed, accepted), layer0,
+                           logits, processed, routing)
+
+
+@torch.no_grad()
+def ar_step(target: Target, state: HybridState, anchor: torch.Tensor, sampler: Sampler):
+    """One autoregressive token after `anchor` `[B, 1]`: verify it alone, accept, commit. Returns
+    `(tokens [B, 1], accepted [B] (zeros), empty [B])`."""
+    hidden, _ = stages.verify(target, state, anchor, None, None, 1, False)
+    _, processed = stages.score(target, hidden, anchor[:, :0], sampler.process)
+    emitted, accepted = stages.accept(sampler.own_rule, processed, anchor[:, :0], None)
+    stages.commit(state, None, hidden[..., :0], accepted + 1)
+    return emitted, accepted, sampler.empty(processed, accepted)

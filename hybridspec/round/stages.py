@@ -1,0 +1,93 @@
+"""The stages of one decoding round (docs/design.md, "One round"), shared by the CUDA-graph
+runner and the reference loop. Every length is a `[B]` device tensor; no stage reads one on the
+host. The reference loop reads w once, after `correct`, to verify exactly w rows; the runner
+verifies a fixed `W` rows and the kernels skip the rows past w (`HybridState.num_tokens`).
+
+    draft -> select -> stage0 -> correct -> verify (Stage 1, or one forward) -> score -> accept -> commit
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridspec.drafter.protocol import DraftBlock, Drafter
+from hybridspec.ops.routing import distinct_prefix_counts
+from hybridspec.patches.forward import Stage0, stage0, stage1, verify_forward
+from hybridspec.policy import Policy, RoutingCorrection, Selection
+from hybridspec.round.protocols import AcceptRule, Process
+from hybridspec.round.target import Target
+from hybridspec.state import HybridState
+
+
+def draft(drafter: Drafter, context: torch.Tensor) -> DraftBlock:
+    """d_1..d_D after the anchor `context[:, -1]` (the runner passes the `[B, 1]` anchors, the
+    reference loop the whole host sequence, which a host drafter reads)."""
+    return drafter.propose(context)
+
+
+def select(policy: Policy, block: DraftBlock, budget: torch.Tensor) -> Selection:
+    """The nominal length w0 `[B]`, at most `budget` (output tokens still allowed)."""
+    return policy.select(block, budget)
+
+
+def route_layer0(target: Target, tokens: torch.Tensor, state: HybridState) -> Stage0 | None:
+    """Stage 0 over every row of `tokens` `[B, W]`: embedding, Layer-0 GDN and the Layer-0 router,
+    stopping before any routed expert; None where Layer 0 has no router boundary. Only the first w
+    rows' factors are ever committed, and those depend on the first w tokens alone."""
+    if not target.split:
+        return None
+    state.num_tokens = None
+    return stage0(target.family, target.model, tokens, state)
+
+
+def correct(correction: RoutingCorrection | None, selection: Selection, kept: Stage0 | None, budget: torch.Tensor,
+            num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verified length w `[B]` (w0, or w0 + 1 where the routing correction keeps the extra
+    token) and the distinct Layer-0 experts its w tokens route to (`[B]`, -1 without Stage 0)."""
+    w0 = selection.w0
+    if kept is None:
+        return w0, torch.full_like(w0, -1)
+    distinct = distinct_prefix_counts(kept.topk_ids, num_experts)  # [B, W]
+    w = w0
+    if correction is not None:
+        W = distinct.shape[1]
+        # token w0 + 1 against the union of the first w0: entry w0 of the new-expert counts
+        at = w0.clamp(1, W - 1)[:, None]
+        n_new = (distinct.gather(1, at) - distinct.gather(1, at - 1))[:, 0]
+        room = (w0 < budget) & (w0 < W)
+        w = w0 + (correction.keep_extra(selection.prefix, w0, n_new) & room).long()
+    return w, distinct.gather(1, (w - 1)[:, None])[:, 0]
+
+
+def verify(target: Target, state: HybridState, tokens: torch.Tensor, kept: Stage0 | None, w: torch.Tensor,
+           rows: int | None, two_stage: bool, cond=None, routing: list | None = None):
+    """Final-norm hidden states and tap features of the verified rows. `rows`: None for the fixed
+    shape (all `W` rows of `tokens`, the kernels skip those past w), or the host's w (exactly w
+    rows). Resumes at Layer 0's experts after `kept` when `two_stage`, else verifies from the
+    embedding. `cond`: the per-length `torch.cond` dispatch (`hybridspec.round.cond`)."""
+    n = tokens.shape[1] if rows is None else rows
+    state.num_tokens = w if rows is None else None
+    if cond is not None:
+        return cond(w, *kept) if kept is not None and two_stage else cond(w, tokens)
+    if kept is not None and two_stage:
+        return stage1(target.family, target.model, kept, n, state, target.taps, routing, blocks=target.blocks)
+    return verify_forward(target.family, target.model, tokens[:, :n], state, target.taps, routing,
+                          blocks=target.blocks)
+
+
+def score(target: Target, hidden: torch.Tensor, drafts: torch.Tensor, process: Process):
+    """fp32 logits `[B, n, V]` of the verified rows and the processed scores the accept rule reads."""
+    logits = target.lm_head(hidden).float()
+    return logits, process(logits, drafts)
+
+
+def accept(rule: AcceptRule, processed: torch.Tensor, drafts: torch.Tensor, w: torch.Tensor | None):
+    """`(tokens [B, >= w], accepted [B])`: the first A drafts kept, then the token after them."""
+    return rule(processed, drafts, w)
+
+
+def commit(state: HybridState, drafter: Drafter | None, features: torch.Tensor, m: torch.Tensor) -> None:
+    """Keep m = A + 1 verified tokens in every layer and in the drafter's context."""
+    state.commit(m)
+    if drafter is not None:
+        drafter.observe(features, m)

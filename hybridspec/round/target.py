@@ -1,0 +1,38 @@
+"""`Target`: the verifying model as a round sees it (family, taps, layer blocks, router boundary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridspec.patches import family_of
+from hybridspec.patches.forward import EAGER, Blocks, has_router_boundary
+
+
+@dataclass
+class Target:
+    """`taps`: the layers whose outputs the drafter reads, in its order. `blocks`: the per-layer
+    functions (eager, or compiled once per layer kind for the runner). `split`: Layer 0 is GDN +
+    sparse MoE, so a round can stop at its router (Stage 0) and resume there (Stage 1)."""
+
+    model: torch.nn.Module
+    taps: tuple[int, ...] = ()
+    blocks: Blocks = EAGER
+    family: object = field(init=False)
+    split: bool = field(init=False)
+    num_experts: int = field(init=False)
+
+    def __post_init__(self):
+        self.family = family_of(self.model)
+        self.split = has_router_boundary(self.family, self.model)
+        layer0 = self.family.text_model(self.model).layers[0]
+        self.num_experts = layer0.mlp.gate.weight.shape[0] if self.split else 0
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device

@@ -1,0 +1,36 @@
+"""The static buffers between the host and a captured step (batch one).
+
+Each step writes `out` `[B, T + EXTRA]`: the T tokens of the round (the first m are emitted), then
+m, w, w0, the first emitted position whose sampled distribution was empty (T + 1 if none) and the
+distinct Layer-0 experts of the verified tokens (-1 where Layer 0 has no router boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# columns of `out` after the tokens
+M, W_COL, W0_COL, EMPTY_COL, L0_COL = range(5)
+EXTRA = 5
+
+
+@dataclass
+class RoundIO:
+    anchor: torch.Tensor  # [B, 1] long: x_0, the newest token the target has not processed
+    budget: torch.Tensor  # [B] long: output tokens still allowed after the anchor
+    out: torch.Tensor  # [B, T + EXTRA] long
+
+    @classmethod
+    def allocate(cls, width: int, device) -> RoundIO:
+        return cls(torch.zeros(1, 1, dtype=torch.long, device=device), torch.ones(1, dtype=torch.long, device=device),
+                   torch.zeros(1, width + EXTRA, dtype=torch.long, device=device))
+
+    def finish(self, tokens: torch.Tensor, accepted: torch.Tensor, w: torch.Tensor, w0: torch.Tensor,
+               empty: torch.Tensor, layer0: torch.Tensor) -> None:
+        """After a step: the next anchor, the budget left, and the row the host reads."""
+        self.anchor.copy_(tokens.gather(1, accepted[:, None]))
+        self.budget.sub_(accepted + 1)
+        width = self.out.shape[1] - EXTRA
+        self.out.copy_(torch.cat([tokens[:, :width], torch.stack([accepted + 1, w, w0, empty, layer0], dim=-1)], dim=-1))
