@@ -196,7 +196,7 @@ def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, cal
     same = [torch.equal(o.cpu(), a.cpu()) for o, a in zip(outs, ar_outs)]
     agree = [float((o.cpu()[: len(a)] == a.cpu()[: len(o)]).float().mean()) for o, a in zip(outs, ar_outs)]
     distinct = [len(set(o.tolist())) / max(1, len(o)) for o in outs]
-    reasons = noise_reasons(rates, ar_rates, calibration_noise)
+    reasons = noise_reasons(rates, None if ar is None else ar_rates, calibration_noise)
     row = dict(
         method=name, simulated=simulated, tokens_per_s=statistics.median(rates), tokens_per_s_repeats=rates,
         spread=spread(rates), speedup_vs_ar=statistics.median(ratios), speedup_vs_ar_range=[min(ratios), max(ratios)],
@@ -236,16 +236,17 @@ def _memory(model, drafter) -> dict:
 
 def _acceptance(replay: bool, forced) -> dict:
     if forced is not None:
-        return dict(model="forced", simulated=True,
+        return dict(model="forced", simulated=True, label="simulated acceptance (forced)",
                     description="simulated: forced acceptance (hybridspec.sim.forced): each round keeps as many drafts "
                                 "as the replay drafter's draws made correct, and emits the AR continuation; the target "
                                 "verifies every drafted token, but no exactness holds")
     if replay:
-        return dict(model="replay", simulated=True,
+        return dict(model="replay", simulated=True, label="simulated acceptance (replay drafter)",
                     description="simulated: replay drafter (hybridspec.sim.replay): the target's own greedy "
                                 "continuation with mistakes drawn from a fixed acceptance model, at the real "
                                 "drafter's cost; the target's own argmax accepts")
-    return dict(model="real", simulated=False, description="real: the drafter's own drafts, accepted by the target")
+    return dict(model="real", simulated=False, label="real acceptance (the drafter's own drafts)",
+                description="real: the drafter's own drafts, accepted by the target")
 
 
 def resolve_sizes(args) -> None:
@@ -340,7 +341,7 @@ def run(args) -> dict:
 
     result = dict(
         simulated=acceptance["simulated"], acceptance=acceptance, forced_acceptance=forced is not None,
-        label=acceptance["description"].split(":")[0] + f" acceptance ({acceptance['model']})",
+        label=acceptance["label"],
         models=what, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         cpu_threads=torch.get_num_threads() if device.type == "cpu" else None,
         versions=runtime_versions(), fla_importable=importlib.util.find_spec("fla") is not None,

@@ -54,9 +54,8 @@ def speedup_figure(result: dict):
         handles.append(Patch(facecolor=NOISY, edgecolor="black", label="noisy: ratio not meaningful"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(rows)), ncol=len(handles),
               fontsize=8, frameon=False)
-    acceptance = result["acceptance"]["description"].split(":")[0] + " acceptance"
     ax.set_title(_title(f"hybridspec bench: {_what(result)}",
-                        f"{acceptance} ({result['acceptance']['model']}); {result['prompts']} prompts x "
+                        f"{result['acceptance']['label']}; {result['prompts']} prompts x "
                         f"{result['max_new_tokens']} new tokens", result.get("note", "")), fontsize=9)
     return fig
 

@@ -37,18 +37,19 @@ def spread(values) -> float:
     return (max(v) - min(v)) / statistics.median(v)
 
 
-def noise_reasons(tokens_per_s, ar_tokens_per_s, calibration_noise: str | None = None,
+def noise_reasons(tokens_per_s, ar_tokens_per_s=None, calibration_noise: str | None = None,
                   max_spread: float = NOISY_SPREAD) -> list[str]:
-    """Why a row's ratio to AR is not meaningful (empty: it is). `tokens_per_s`, `ar_tokens_per_s`:
-    per-repeat rates of the row and of AR, at least 2 each; `calibration_noise`: why the
-    calibration the row's policy uses is noisy, or None."""
-    if len(tokens_per_s) < 2 or len(ar_tokens_per_s) < 2:
+    """Why a row's ratio to AR is not meaningful (empty: it is). `tokens_per_s`: the row's
+    per-repeat rates, at least 2; `ar_tokens_per_s`: AR's in the same repeats (None for the AR row
+    itself); `calibration_noise`: why the calibration the row's policy uses is noisy, or None."""
+    if len(tokens_per_s) < 2 or (ar_tokens_per_s is not None and len(ar_tokens_per_s) < 2):
         raise ValueError("noise_reasons needs at least 2 repeats: one timing has no spread")
     reasons = []
-    own, base = spread(tokens_per_s), spread(ar_tokens_per_s)
+    own = spread(tokens_per_s)
     if own > max_spread:
         reasons.append(f"tokens/s spread {own:.0%} over {len(tokens_per_s)} repeats (> {max_spread:.0%})")
-    if base > max_spread:
+    base = None if ar_tokens_per_s is None else spread(ar_tokens_per_s)
+    if base is not None and base > max_spread:
         reasons.append(f"the AR baseline's tokens/s spread {base:.0%} (> {max_spread:.0%})")
     if calibration_noise:
         reasons.append(f"calibration cost fit noisy: {calibration_noise}")

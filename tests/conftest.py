@@ -1,3 +1,4 @@
+import atexit
 import gc
 import os
 
@@ -43,7 +44,10 @@ def pytest_sessionfinish(session):
     2 cores, so a loaded worker overran, and the KeyboardInterrupt landed in whatever ran during a
     collection: hypothesis' gc callback, which reported it as a PytestUnraisableExceptionWarning.
     Collecting here, before "finished", still runs every finalizer under pytest's unraisable hook;
-    the frozen survivors are then skipped by the collections after it."""
+    the frozen survivors are then skipped by the collections after it, and unfrozen at exit (after
+    execnet's deadline) so that the interpreter's own shutdown still frees them (frozen, Triton's
+    nanobind objects are reported as leaked)."""
     if hasattr(session.config, "workerinput"):
         gc.collect()
         gc.freeze()
+        atexit.register(gc.unfreeze)

@@ -39,6 +39,8 @@ def test_noise_flags_on_synthetic_timings():
     assert noise_reasons(stable, [50.0, 20.0, 51.0]) == ["the AR baseline's tokens/s spread 62% (> 25%)"]
     assert noise_reasons(stable, ar, calibration_noise="RMS residual 863 ms")[-1] == (
         "calibration cost fit noisy: RMS residual 863 ms")
+    # the AR row's own: its spread only, not twice
+    assert noise_reasons([50.0, 20.0, 51.0]) == ["tokens/s spread 62% over 3 repeats (> 25%)"]
     with pytest.raises(ValueError, match="at least 2 repeats"):
         noise_reasons([100.0], [50.0])
 
@@ -73,7 +75,8 @@ def synthetic_result():
             dict(method="HybridSpec", simulated=True, noisy=False, speedup_vs_ar=2.0, speedup_vs_ar_range=[1.9, 2.1]),
             dict(method="D-Cut", simulated=True, noisy=True, speedup_vs_ar=1.5, speedup_vs_ar_range=[0.9, 3.0])]
     return dict(rows=rows, repeats=3, models="tiny random Qwen3.5-MoE + DFlash (4 layers, hidden 64)", device="cpu",
-                acceptance=dict(model="replay", description="simulated: replay drafter (a long description)"),
+                acceptance=dict(model="replay", label="simulated acceptance (replay drafter)",
+                                description="simulated: replay drafter (a long description)"),
                 prompts=3, max_new_tokens=64, note="CPU run: tiny models are overhead-bound here, so these ratios say "
                                                    "nothing about speedups on a GPU")
 
@@ -97,7 +100,8 @@ def test_speedup_plot_marks_simulated_and_noisy_rows():
     assert bars[2].get_facecolor() != bars[1].get_facecolor()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["measured", "simulated acceptance", "noisy: ratio not meaningful"]
-    assert "on cpu" in ax.get_title().replace("\n", " ") and "tiny" in ax.get_title()
+    title = ax.get_title().replace("\n", " ")
+    assert "on cpu" in title and "tiny" in title and "simulated acceptance" in title
     assert_title_clear(fig, ax)
 
 

@@ -7,6 +7,7 @@ import json
 import pydoc
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,21 +21,18 @@ GENERATE_ARGUMENTS = ("hybridspec", "assistant_model", "verify_length", "policy"
 
 
 def test_help_imports_neither_torch_nor_transformers():
-    code = (
-        "import contextlib, io, json, sys\n"
-        "import hybridspec\n"
-        "from hybridspec.cli import main\n"
-        "helps = {}\n"
-        "for argv in ([], ['bench'], ['calibrate']):\n"
-        "    out = io.StringIO()\n"
-        "    with contextlib.redirect_stdout(out):\n"
-        "        try:\n"
-        "            main(argv + ['--help'])\n"
-        "        except SystemExit:\n"
-        "            pass\n"
-        "    helps[' '.join(argv)] = out.getvalue()\n"
-        "print(json.dumps({'heavy': [m for m in ('torch', 'transformers') if m in sys.modules], 'helps': helps}))\n"
-    )
+    code = textwrap.dedent("""
+        import contextlib, io, json, sys
+        import hybridspec
+        from hybridspec.cli import main
+        helps = {}
+        for argv in ([], ["bench"], ["calibrate"]):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+                main(argv + ["--help"])
+            helps[" ".join(argv)] = out.getvalue()
+        print(json.dumps({"heavy": [m for m in ("torch", "transformers") if m in sys.modules], "helps": helps}))
+    """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -54,20 +55,20 @@ def test_plain_generate_untouched_by_the_hint(target, monkeypatch):
 def test_hint_attaches_when_transformers_loads_after_hybridspec():
     """`import hybridspec` first (transformers not loaded yet), then a model: the hint is there,
     and generating on the CPU prints no advice to install GPU-only packages."""
-    code = (
-        "import sys\n"
-        "import hybridspec\n"
-        "assert 'transformers' not in sys.modules and 'torch' not in sys.modules\n"
-        "import torch\n"
-        "from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig\n"
-        "from hybridspec.tiny import TARGET\n"
-        "model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**TARGET)).eval()\n"
-        "model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False)\n"
-        "try:\n"
-        "    model.generate(torch.tensor([[1, 2, 3]]), hybridspec=True, max_new_tokens=3)\n"
-        "except ValueError as e:\n"
-        "    print('HINT:', e)\n"
-    )
+    code = textwrap.dedent("""
+        import sys
+        import hybridspec
+        assert "transformers" not in sys.modules and "torch" not in sys.modules
+        import torch
+        from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+        from hybridspec.tiny import TARGET
+        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**TARGET)).eval()
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False)
+        try:
+            model.generate(torch.tensor([[1, 2, 3]]), hybridspec=True, max_new_tokens=3)
+        except ValueError as e:
+            print("HINT:", e)
+    """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "HINT:" in result.stdout and "hybridspec.enable(model)" in result.stdout
