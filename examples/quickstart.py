@@ -63,6 +63,8 @@ def sample(model, prompt, seed, **kwargs):
 
 
 def main():
+    # small models on a CPU: one thread is faster (no op is big enough to split) and steadier on a busy machine
+    torch.set_num_threads(1)
     target, drafter, prompts, tokenizer = default_pair()
     hybridspec.enable(target)
     for text in prompts:

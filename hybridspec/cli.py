@@ -122,8 +122,8 @@ COMMANDS: dict[str, Command] = {
         help="fit the length policy of a target + drafter pair on this machine",
         description="Fit the acceptance model, cost curve, routing-correction tables and rho of the HybridSpec "
                     "length policy, and write them as a JSON artifact for generate(..., calibration=path). Uses "
-                    "the calibration half of the prompts (seeded split). Tiny models on 2 CPU cores: ~1 minute "
-                    "with the defaults.",
+                    "the calibration half of the prompts (seeded split). Tiny models on 2 CPU cores: ~30 s with "
+                    "the defaults.",
         arguments=_calibrate_arguments,
         run="hybridspec.calibration.run:main",
     ),
@@ -133,7 +133,7 @@ COMMANDS: dict[str, Command] = {
                     "plots under --out). With a replay drafter (default for --shape and --tiny) acceptance is "
                     "simulated and labelled so. Every row is timed --repeats times; rows whose spread (or whose "
                     "calibration's cost fit) makes the ratio meaningless are flagged. --tiny on 2 CPU cores: "
-                    "~1.5 minutes with the defaults.",
+                    "~1 minute with the defaults.",
         arguments=_bench_arguments,
         run="hybridspec.bench:main",
     ),

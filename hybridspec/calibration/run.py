@@ -48,7 +48,7 @@ MAX_VERIFY = 16
 def defaults(device) -> dict:
     """The run's size where the caller gives none: a GPU calibration of real checkpoints times every
     prompt at six lengths; on the CPU (tiny models) fewer timed prompts, lengths and tokens keep it
-    near a minute on 2 cores."""
+    to about 30 s on 2 cores."""
     if torch.device(device).type == "cuda":
         return dict(max_new_tokens=64, lengths=(2, 4, 6, 8, 12, 16), timed_prompts=None)
     return dict(max_new_tokens=32, lengths=(2, 4, 8, 16), timed_prompts=3)
