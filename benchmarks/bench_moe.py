@@ -5,7 +5,8 @@ Latency of `hybridspec.ops.moe_experts` (CUDA graph) and of transformers' `group
 16 rows x top-8 with exactly U distinct experts, and at 1 row (an AR step). The bytes bound is the
 selected experts' bytes at the device-to-device copy bandwidth measured in this run (bytes read +
 written). Every sample picks a fresh random set of experts and the L2 is flushed before it, so no
-sample finds its weights in L2. Fit latency = a + eta * U per path; report eta and Pearson r.
+sample finds its weights in L2. Fit latency = a + eta * U per path; report eta and Pearson r. The
+headline per case compares against the faster of the two transformers paths (`transformers_best`).
 
 The read floor (benchmarks/read_floor.py) is one kernel that only reads the same U experts' bytes,
 the fastest of a few chunkings, timed the same way: the most any MoE op could reach in this
@@ -48,6 +49,8 @@ from hybridspec.ops import moe_experts, naive_moe  # noqa: E402
 
 E, H, I, K = 256, 2048, 512, 8
 U_LIST = (8, 16, 32, 64, 96, 128)
+# transformers' experts implementations (`config._experts_implementation`; both in transformers 5.17 to 5.24)
+TRANSFORMERS_IMPLS = ("batched_mm", "grouped_mm")
 # cases whose error vs the naive twin the full run reports
 CHECK_CASES = ((16, 64), (16, 8), (1, 8))
 # gate, up and down of one expert in bf16: 6.29 MB
@@ -358,7 +361,7 @@ def main():
         "hybridspec_nopdl": with_config(nopdl, bench.ours),
     }
     if not args.skip_transformers:
-        for impl in ("batched_mm", "grouped_mm"):
+        for impl in TRANSFORMERS_IMPLS:
             experts = transformers_experts(bench.gate_up, bench.down, impl)
             paths[impl] = lambda x, ids, w, m=experts: (lambda: m(x, ids, w))
     rows = []
@@ -369,6 +372,11 @@ def main():
         row["ratio"] = row["hybridspec_us"] / row["bound_us"]
         row["read_floor_us"], row["read_floor_config"] = bench.read_floor(case)
         row["ratio_to_floor"] = row["hybridspec_us"] / row["read_floor_us"]
+        if TRANSFORMERS_IMPLS[0] in paths:
+            # the headline baseline: the faster of transformers' experts paths on this case
+            best = min(TRANSFORMERS_IMPLS, key=lambda n: row[f"{n}_us"])
+            row["transformers_best"], row["transformers_best_us"] = best, row[f"{best}_us"]
+            row["speedup_vs_transformers_best"] = row["transformers_best_us"] / row["hybridspec_us"]
         rows.append(row)
     report["cases"] = rows
 
@@ -377,6 +385,11 @@ def main():
     print_table(["rows", "U", "bound us", "read floor us"] + [f"{n} us" for n in names] + ["ours/bound", "ours/floor"],
                 [[r["rows"], r["U"], r["bound_us"], r["read_floor_us"]] + [r[f"{n}_us"] for n in names]
                  + [r["ratio"], r["ratio_to_floor"]] for r in rows])
+    if "transformers_best" in rows[0]:
+        print("vs the faster of transformers' experts paths (" + " / ".join(TRANSFORMERS_IMPLS) + "), per case:")
+        print_table(["rows", "U", "faster transformers path", "its us", "hybridspec us", "speedup"],
+                    [[r["rows"], r["U"], r["transformers_best"], r["transformers_best_us"], r["hybridspec_us"],
+                      r["speedup_vs_transformers_best"]] for r in rows])
     print("read floor configs:", {f"{r['rows']}x{r['U']}": r["read_floor_config"] for r in rows})
     for n in names:
         print(f"{n}: {sorted({r[n + '_mode'] for r in rows})}")
@@ -386,6 +399,10 @@ def main():
     for n, f in report["fit_16_rows"].items():
         print(f"fit {n:>16}: latency = {f['a_us']:.1f} us + {f['eta_us_per_expert']:.3f} us/expert * U, r = {f['pearson_r']:.4f}")
     one = next(r for r in rows if r["rows"] == 1)
+    if "transformers_best" in one:
+        report["headline_vs_transformers_best"] = {
+            f"{r['rows']}x{r['U']}": {"baseline": r["transformers_best"], "speedup": r["speedup_vs_transformers_best"]}
+            for r in rows}
     report["targets"] = {
         "max_ratio_16_rows (<= 1.5)": max(r["ratio"] for r in sixteen),
         "pearson_r (>= 0.99)": report["fit_16_rows"]["hybridspec"]["pearson_r"],

@@ -1,4 +1,5 @@
-"""Timing and reporting shared by the GPU benchmarks: CUDA-graph capture, median timing, environment."""
+"""Timing and reporting shared by the GPU benchmarks: CUDA-graph capture (the runner's `CapturedStep`),
+median timing, environment."""
 
 from __future__ import annotations
 
@@ -12,21 +13,15 @@ from typing import Callable
 
 import torch
 
+from hybridspec.runner.graphs import CapturedStep
 
-def capture(fn: Callable[[], object], warmup: int = 3, pool=None) -> torch.cuda.CUDAGraph:
-    """Warm `fn` up on a side stream (autotuning, lazy init), then capture it into a CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
+
+def capture(fn: Callable[[], object], pool=None) -> torch.cuda.CUDAGraph:
+    """`fn` warmed up on a side stream and captured into a CUDA graph, by the runner's own helper
+    (`hybridspec.runner.graphs.CapturedStep`), so benchmarks and decoding capture alike."""
+    step = CapturedStep(fn, torch.device("cuda"), pool=pool)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        fn()
-    torch.cuda.synchronize()
-    return graph
+    return step.graph
 
 
 def time_ms(run: Callable[[], object], replays: int = 10, samples: int = 30, before: Callable[[], object] | None = None) -> float:

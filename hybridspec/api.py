@@ -36,7 +36,23 @@ _UNSUPPORTED_PROCESSORS = tuple(
 
 
 def enable(model):
-    """Patch `model` in place (idempotent) so that `generate(..., hybridspec=True)` works. Returns it."""
+    """Patch `model` in place (idempotent) so that `generate(..., hybridspec=True)` works. Returns it.
+
+    `model`: a Qwen3.5/3.6-MoE (`*ForCausalLM` or the checkpoints' `*ForConditionalGeneration`) or
+    Qwen3-Next target. Then `model.generate(...)` takes, besides everything transformers takes:
+
+        hybridspec=False         True routes the call through hybridspec; without it generate is stock
+        assistant_model=         the drafter, a `hybridspec.DFlashDrafter` (required with hybridspec=True)
+        verify_length=None       fixed target tokens per round including the anchor, 2..block size
+        policy="hybridspec"      adaptive length per round; "nominal", "no_two_stage", "static", "dcut", "evict"
+        calibration=None         artifact path or `Calibration` from `hybridspec calibrate` (static/dcut/evict need one)
+        enforce_eager=False      the runner without CUDA graphs or torch.compile (debugging)
+        reference_loop=False     the host-driven reference loop even where the runner could serve the call
+
+    With `return_dict_in_generate=True` the output also has `hybridspec_stats` (per-round
+    `verify_lengths`, `nominal_lengths`, `accepted`; `rounds`, `mean_acceptance_length`,
+    `decode_seconds`). Batch size one; beam search and padded inputs raise. `disable(model)` undoes it.
+    """
     family_of(model)
     if getattr(model, _ORIGINAL, None) is None:
         setattr(model, _ORIGINAL, model.generate)
@@ -118,9 +134,9 @@ def _check_request(model, args, kwargs) -> None:
     for name in ("output_attentions", "output_hidden_states"):
         if merged.get(name):
             raise ValueError(f"{name}=True is not supported with hybridspec=True")
-    inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
-    if inputs is not None and inputs.dim() == 2 and inputs.shape[0] != 1:
-        raise ValueError(f"hybridspec decodes one sequence at a time; got input_ids {tuple(inputs.shape)}")
+    from hybridspec.inputs import check_input_ids
+
+    check_input_ids(model, args[0] if args else kwargs.get("input_ids", kwargs.get("inputs")))
     mask = kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
         raise ValueError("padded inputs (attention_mask with zeros) are not supported with hybridspec=True")

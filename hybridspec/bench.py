@@ -4,26 +4,30 @@ Rows, on the same prompts and output lengths: autoregressive decoding on our run
 `generate(cache_implementation="static")` (its compiled AR; CUDA only, compile warm-up excluded);
 vanilla DFlash (w = 16); the calibrated static length; HybridSpec nominal-only; HybridSpec full;
 D-Cut; EVICT. With a replay drafter (`--replay`, the default for `--shape` and `--tiny`) the
-acceptance is simulated (DESIGN.md section 5) and every figure says so.
+acceptance is simulated (DESIGN.md section 5): every such row, the JSON and the plots say so.
 
 The calibration (`--calibration FILE`, or run here on prompts of their own and another seed) and
 the evaluation use different draws. Throughput is decode tokens per second after the first token
-(prefill excluded), summed over the prompts.
+(prefill excluded), summed over the prompts. Every row, the baselines included, is timed
+`--repeats` times, the repeats interleaved across rows so that a burst of load on the machine
+falls on every row alike; the table reports the median and the spread, and flags a row whose
+spread, or whose calibration's cost fit, makes its ratio to AR meaningless (`noise_reasons`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import statistics
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from hybridspec.bench_report import COLUMNS, LOOP_RATIO, NOISY_SPREAD, calibration_noise, noise_reasons, print_table, spread
+
 METHODS = (
-    ("AR (ours)", None),
-    ("transformers static AR", None),
     ("vanilla DFlash (w=16)", dict(verify_length=16)),
     ("static (calibrated)", dict(policy="static")),
     ("HybridSpec nominal", dict(policy="nominal")),
@@ -31,19 +35,21 @@ METHODS = (
     ("D-Cut", dict(policy="dcut")),
     ("EVICT", dict(policy="evict")),
 )
-# a continuation whose distinct-token ratio is below this is reported as looping
-LOOP_RATIO = 0.2
-
-
+AR, HF = "AR (ours)", "transformers static AR"
+# run sizes where the command line gives none: --tiny must finish in about a minute on 2 CPU cores
+SIZES = {
+    "tiny": dict(num_prompts=3, prompt_tokens=32, max_new_tokens=64, calibration_tokens=32),
+    "full": dict(num_prompts=4, prompt_tokens=512, max_new_tokens=256, calibration_tokens=64),
+}
 def _models(args, device):
-    from hybridspec.sim.replay import DeviceReplayDrafter
     from hybridspec.loading import load_drafter, load_target
     from hybridspec.shapes import build_drafter, build_target
+    from hybridspec.sim.replay import DeviceReplayDrafter
     from hybridspec.tiny import tiny_drafter, tiny_target
 
     if args.tiny:
         model, drafter = tiny_target().to(device), tiny_drafter().to(device)
-        what = "tiny random Qwen3.5-MoE + DFlash"
+        what = "tiny random Qwen3.5-MoE + DFlash (4 layers, hidden 64)"
     elif args.shape:
         model, drafter = build_target(args.shape, device), None
         what = f"{args.shape} shape, random bf16 weights"
@@ -86,21 +92,6 @@ def _prompts(args, model, device, n: int, seed: int):
     return [make() for _ in range(n)], [make() for _ in range(n)]
 
 
-def _ar(model, prompts, new, eos):
-    """Our runner's AR: continuations and decode seconds per prompt."""
-    from hybridspec.runner import Runner
-
-    runner = Runner(model, capacity=max(p.shape[1] for p in prompts) + new)
-    runner.generate(prompts[0], min(8, new), eos_token_id=eos)
-    outs, seconds = [], []
-    for p in prompts:
-        out, stats = runner.generate(p, new, eos_token_id=eos)
-        outs.append(out[0, p.shape[1]:])
-        seconds.append(stats.decode_seconds)
-    del runner
-    return outs, seconds
-
-
 class _Stamps:
     def __init__(self):
         self.times = []
@@ -112,39 +103,116 @@ class _Stamps:
         pass
 
 
+class StaticAR:
+    """transformers' compiled static AR (`generate(cache_implementation="static")`). Constructing it
+    compiles (the warm-up, `warmup_s`); each `timed_pass` decodes every prompt and returns the decode
+    seconds per prompt (streamer spacing after the first token); `outs` holds the last continuations."""
+
+    def __init__(self, model, prompts, new):
+        self.model, self.prompts = model, prompts
+        self.kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, cache_implementation="static",
+                           eos_token_id=None, pad_token_id=0)
+        self.outs = []
+        t0 = time.perf_counter()
+        model.generate(prompts[0], **self.kwargs)
+        self.warmup_s = time.perf_counter() - t0
+
+    def timed_pass(self) -> list[float]:
+        seconds, self.outs = [], []
+        for p in self.prompts:
+            stamps = _Stamps()
+            out = self.model.generate(p, streamer=stamps, **self.kwargs)
+            self.outs.append(out[0, p.shape[1]:])
+            # stamps: [prompt, token 1, ..., token n]
+            seconds.append(stamps.times[-1] - stamps.times[1])
+        return seconds
+
+    def __call__(self):
+        """A row's pass: (continuations, seconds per prompt, no statistics)."""
+        seconds = self.timed_pass()
+        return self.outs, seconds, None
+
+
 def transformers_static(model, prompts, new):
-    """transformers' compiled static AR: decode seconds per prompt (streamer spacing after the
-    first token) and the compile warm-up in seconds."""
-    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, cache_implementation="static",
-                  eos_token_id=None, pad_token_id=0)
-    t0 = time.perf_counter()
-    model.generate(prompts[0], **kwargs)
-    warmup = time.perf_counter() - t0
-    seconds, outs = [], []
-    for p in prompts:
-        stamps = _Stamps()
-        out = model.generate(p, streamer=stamps, **kwargs)
-        outs.append(out[0, p.shape[1]:])
-        # stamps: [prompt, token 1, ..., token n]
-        seconds.append(stamps.times[-1] - stamps.times[1])
-    return outs, seconds, warmup
+    """One timed pass of transformers' compiled static AR: continuations, decode seconds per prompt,
+    and the compile warm-up in seconds."""
+    static = StaticAR(model, prompts, new)
+    seconds = static.timed_pass()
+    return static.outs, seconds, static.warmup_s
 
 
-def _row(name, outs, seconds, ar_outs, ar_seconds, stats=None, forced=False):
+class _Passes:
+    """One timed pass over the prompts per call, for each kind of row."""
+
+    def __init__(self, model, drafter, prompts, new, eos, seed, replay):
+        self.model, self.drafter, self.prompts, self.new, self.eos = model, drafter, prompts, new, eos
+        self.seed, self.replay = seed, replay
+        self.ar_outs = None
+        self.runner = None
+
+    def ar(self):
+        """Our runner's AR: continuations and decode seconds per prompt."""
+        from hybridspec.runner import Runner
+
+        if self.runner is None:
+            self.runner = Runner(self.model, capacity=max(p.shape[1] for p in self.prompts) + self.new)
+        self.runner.generate(self.prompts[0], min(8, self.new), eos_token_id=self.eos)
+        outs, seconds = [], []
+        for p in self.prompts:
+            out, stats = self.runner.generate(p, self.new, eos_token_id=self.eos)
+            outs.append(out[0, p.shape[1]:])
+            seconds.append(stats.decode_seconds)
+        return outs, seconds, None
+
+    def speculative(self, kwargs):
+        """One method's continuations, decode seconds and statistics per prompt, after a short
+        warm-up call (the method's runner is captured, on CUDA, outside the timed calls)."""
+        outs, seconds, stats = [], [], []
+        self._generate(0, dict(kwargs, max_new_tokens=min(8, self.new)))
+        for i in range(len(self.prompts)):
+            res = self._generate(i, dict(kwargs, max_new_tokens=self.new))
+            outs.append(res.sequences[0, self.prompts[i].shape[1]:])
+            seconds.append(res.hybridspec_stats.decode_seconds)
+            stats.append(res.hybridspec_stats)
+        return outs, seconds, stats
+
+    def _generate(self, i, kwargs):
+        if self.replay:
+            self.drafter.continuation = self.ar_outs[i]
+        # the evaluation's draws: one seed per prompt, the same for every method and repeat
+        torch.manual_seed(self.seed * 1000 + i)
+        # warnings (runner fallbacks, calibration mismatches) are left to show: none is expected here
+        return self.model.generate(self.prompts[i], assistant_model=self.drafter, hybridspec=True, do_sample=False,
+                                   eos_token_id=self.eos, return_dict_in_generate=True, **kwargs)
+
+
+def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, calibration_noise=None):
+    """`seconds`: per repeat, decode seconds per prompt; `ar`: the AR row (None for AR itself)."""
     tokens = sum(len(o) - 1 for o in outs)
-    tps = tokens / sum(seconds)
-    ar_tps = sum(len(o) - 1 for o in ar_outs) / sum(ar_seconds)
+    rates = [tokens / sum(s) for s in seconds]
+    ar_rates = rates if ar is None else ar["tokens_per_s_repeats"]
+    ar_outs = outs if ar is None else ar["outs"]
+    ratios = [r / a for r, a in zip(rates, ar_rates)]
     same = [torch.equal(o.cpu(), a.cpu()) for o, a in zip(outs, ar_outs)]
     agree = [float((o.cpu()[: len(a)] == a.cpu()[: len(o)]).float().mean()) for o, a in zip(outs, ar_outs)]
-    ratio = [len(set(o.tolist())) / max(1, len(o)) for o in outs]
-    row = dict(method=name, tokens_per_s=tps, speedup_vs_ar=tps / ar_tps,
-               exact_match_rate=None if forced else float(np.mean(same)),
-               token_agreement=float(np.mean(agree)), distinct_token_ratio=float(np.mean(ratio)))
+    distinct = [len(set(o.tolist())) / max(1, len(o)) for o in outs]
+    reasons = noise_reasons(rates, None if ar is None else ar_rates, calibration_noise)
+    row = dict(
+        method=name, simulated=simulated, tokens_per_s=statistics.median(rates), tokens_per_s_repeats=rates,
+        spread=spread(rates), speedup_vs_ar=statistics.median(ratios), speedup_vs_ar_range=[min(ratios), max(ratios)],
+        # forced acceptance emits the AR continuation: agreement would be 1 by construction
+        exact_match_rate=None if forced else float(np.mean(same)),
+        token_agreement=None if forced else float(np.mean(agree)),
+        distinct_token_ratio=float(np.mean(distinct)), noisy=bool(reasons), noise_reasons=reasons,
+    )
+    if forced:
+        row["exactness"] = "not applicable: forced acceptance emits the AR continuation by construction"
     if stats:
         rounds = sum(s.rounds for s in stats)
+        median_repeat = sorted(range(len(seconds)), key=lambda r: sum(seconds[r]))[len(seconds) // 2]
         row.update(
             mean_acceptance_length=sum(sum(a + 1 for a in s.accepted) for s in stats) / rounds,
-            ms_per_round=sum(s.decode_seconds for s in stats) * 1e3 / rounds,
+            ms_per_round=sum(seconds[median_repeat]) * 1e3 / rounds,
             mean_w=float(np.mean([w for s in stats for w in s.verify_lengths])),
             layer0_experts_per_round=float(np.mean([e for s in stats for e in s.layer0_experts if e >= 0] or [float("nan")])),
         )
@@ -166,39 +234,26 @@ def _memory(model, drafter) -> dict:
     return dict(ours_bytes=ours, stock_per_token_state_bytes=stock, ratio=stock / ours)
 
 
-def _plots(out: Path, rows, calibration, label: str) -> list[str]:
-    import matplotlib
+def _acceptance(replay: bool, forced) -> dict:
+    if forced is not None:
+        return dict(model="forced", simulated=True, label="simulated acceptance (forced)",
+                    description="simulated: forced acceptance (hybridspec.sim.forced): each round keeps as many drafts "
+                                "as the replay drafter's draws made correct, and emits the AR continuation; the target "
+                                "verifies every drafted token, but no exactness holds")
+    if replay:
+        return dict(model="replay", simulated=True, label="simulated acceptance (replay drafter)",
+                    description="simulated: replay drafter (hybridspec.sim.replay): the target's own greedy "
+                                "continuation with mistakes drawn from a fixed acceptance model, at the real "
+                                "drafter's cost; the target's own argmax accepts")
+    return dict(model="real", simulated=False, label="real acceptance (the drafter's own drafts)",
+                description="real: the drafter's own drafts, accepted by the target")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    files = []
-    fig, ax = plt.subplots(figsize=(8, 4))
-    names = [r["method"] for r in rows]
-    ax.barh(names, [r["speedup_vs_ar"] for r in rows], color="tab:blue")
-    ax.axvline(1.0, color="gray", lw=1)
-    ax.set_xlabel("speedup vs our AR (tokens/s ratio)")
-    ax.set_title(f"hybridspec bench: {label}", fontsize=9)
-    ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(out / "speedup.png", dpi=120)
-    files.append(str(out / "speedup.png"))
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ws = np.arange(1, len(calibration.cost) + 1)
-    ax.plot(ws, calibration.fixed_ms + np.asarray(calibration.cost), "o-", label="round time (calibrated) ms")
-    ax.set_xlabel("verified tokens w")
-    ax.set_ylabel("ms")
-    twin = ax.twinx()
-    twin.plot(ws, calibration.nbar[: len(ws)], "s--", color="tab:orange", label="distinct (layer, expert) pairs")
-    twin.set_ylabel("distinct (layer, expert) pairs")
-    fig.legend(loc="upper left", fontsize=8)
-    ax.set_title("cost curve C(w) and distinct experts", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / "cost_curve.png", dpi=120)
-    files.append(str(out / "cost_curve.png"))
-    plt.close(fig)
-    return files
+def resolve_sizes(args) -> None:
+    """Fill the run sizes the command line left open (`SIZES`)."""
+    for name, value in SIZES["tiny" if args.tiny else "full"].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
 
 
 def run(args) -> dict:
@@ -206,8 +261,15 @@ def run(args) -> dict:
     from hybridspec.calibration import Calibration
     from hybridspec.calibration.artifact import runtime_versions
     from hybridspec.calibration.run import calibrate
+    from hybridspec.bench_plots import write_plots
 
+    resolve_sizes(args)
+    repeats = getattr(args, "repeats", 3)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        # tiny models on a few cores: threads cost more than they save, and they contend with
+        # scikit-learn's OpenMP runtime once calibration has fitted (timings then swing 10-100x)
+        torch.set_num_threads(getattr(args, "cpu_threads", 1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -217,10 +279,11 @@ def run(args) -> dict:
     eval_prompts, calib_prompts = _prompts(args, model, device, args.num_prompts, args.seed)
     new = args.max_new_tokens
     eos = None if replay else model.generation_config.eos_token_id
-    ar_outs, ar_seconds = _ar(model, eval_prompts, new, eos)
-    label = "simulated acceptance (replay drafter)" if replay else "real drafter"
-    if forced is not None:
-        label += ", forced: accept lengths from the replay draws, tokens from the AR continuation"
+    passes = _Passes(model, drafter, eval_prompts, new, eos, args.seed, replay)
+    # the first AR pass gives the continuations the replay drafter replays and every row is compared to
+    ar_first = passes.ar()
+    passes.ar_outs = ar_first[0]
+    acceptance = _acceptance(replay, forced)
 
     if args.calibration:
         calibration = Calibration.load(args.calibration)
@@ -228,77 +291,78 @@ def run(args) -> dict:
         print("calibrating (on prompts of their own, seed", args.seed + 1, ")")
         calibration = calibrate(model, drafter, calib_prompts, str(out / "calibration.json"),
                                 max_new_tokens=args.calibration_tokens, device=str(device), seed=args.seed + 1)
+    calib_noise = calibration_noise(calibration)
 
-    rows = [_row("AR (ours)", ar_outs, ar_seconds, ar_outs, ar_seconds)]
-    if device.type == "cuda" and not args.skip_transformers:
-        hf_outs, hf_seconds, warmup = transformers_static(model, eval_prompts, new)
-        rows.append(_row("transformers static AR", hf_outs, hf_seconds, ar_outs, ar_seconds))
-        rows[-1]["compile_warmup_s"] = warmup
-    methods = list(METHODS[2:])
+    absent = {}
+    runs = {AR: passes.ar}
+    if device.type != "cuda":
+        absent[HF] = f"transformers' compiled static-cache AR runs on CUDA only; this run is on {device.type}"
+    elif args.skip_transformers:
+        absent[HF] = "left out by --skip-transformers"
+    else:
+        static = StaticAR(model, eval_prompts, new)
+        runs[HF] = static
+    methods = list(METHODS)
     if forced is not None:
         # the same policy with the target's own acceptance: what exactness looks like on these weights
         methods.append(("HybridSpec, target acceptance", dict(policy="hybridspec", forced=False)))
+    meta = {}
     for name, kwargs in methods:
+        kwargs = dict(kwargs)
         rule = forced if kwargs.pop("forced", True) else None
         if rule is not None:
-            kwargs = dict(kwargs, hybridspec_accept=rule)
+            kwargs["hybridspec_accept"] = rule
         if "policy" in kwargs:
-            kwargs = dict(kwargs, calibration=calibration)
-        outs, seconds, stats = [], [], []
-        for i, (p, cont) in enumerate(zip(eval_prompts, ar_outs)):
-            if replay:
-                drafter.continuation = cont
-            # the evaluation's draws: one seed per prompt, the same for every method
-            torch.manual_seed(args.seed * 1000 + i)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = model.generate(p, assistant_model=drafter, hybridspec=True, max_new_tokens=new, do_sample=False,
-                                     eos_token_id=eos, return_dict_in_generate=True, **kwargs)
-            outs.append(res.sequences[0, p.shape[1]:])
-            seconds.append(res.hybridspec_stats.decode_seconds)
-            stats.append(res.hybridspec_stats)
-        rows.append(_row(name, outs, seconds, ar_outs, ar_seconds, stats, rule is not None))
-        print(f"  {name}: {rows[-1]['tokens_per_s']:.1f} tokens/s")
+            kwargs["calibration"] = calibration
+        runs[name] = lambda kwargs=kwargs: passes.speculative(kwargs)
+        meta[name] = dict(forced=rule is not None, simulated=acceptance["simulated"],
+                          calibration_noise=calib_noise if "policy" in kwargs else None)
+
+    # repeats interleaved across rows: load on the machine lands on every row alike
+    seconds = {name: [] for name in runs}
+    results = {}
+    for r in range(repeats):
+        for name, fn in runs.items():
+            outs, secs, stats = fn()
+            seconds[name].append(secs)
+            results[name] = (outs, stats)
+        print(f"  repeat {r + 1}/{repeats} done ({time.perf_counter() - t0:.0f} s)")
+    ar_row = _row(AR, results[AR][0], seconds[AR], None)
+    ar_row["outs"] = results[AR][0]
+    rows = [ar_row]
+    if HF in runs:
+        rows.append(_row(HF, results[HF][0], seconds[HF], ar_row))
+        # with fla importable, transformers runs fla's GDN kernels in its AR; without it, its torch path
+        rows[-1].update(compile_warmup_s=static.warmup_s, fla_importable=importlib.util.find_spec("fla") is not None)
+    for name in meta:
+        outs, stats = results[name]
+        rows.append(_row(name, outs, seconds[name], ar_row, stats, **meta[name]))
+    del ar_row["outs"]
 
     result = dict(
-        forced_acceptance=forced is not None,
-        label=label, models=what, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        versions=runtime_versions(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        simulated=acceptance["simulated"], acceptance=acceptance, forced_acceptance=forced is not None,
+        label=acceptance["label"],
+        models=what, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        cpu_threads=torch.get_num_threads() if device.type == "cpu" else None,
+        versions=runtime_versions(), fla_importable=importlib.util.find_spec("fla") is not None,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), repeats=repeats, noisy_spread=NOISY_SPREAD,
         prompts=len(eval_prompts), prompt_tokens=[p.shape[1] for p in eval_prompts], max_new_tokens=new,
-        rows=rows, memory=_memory(model, drafter), calibration_summary=calibration.summary,
+        rows=rows, absent_rows=absent, columns={key: note for key, _, note in COLUMNS},
+        noisy_rows=[r["method"] for r in rows if r["noisy"]], memory=_memory(model, drafter),
+        calibration_summary=calibration.summary, calibration_noisy=calib_noise,
         looping=[r["method"] for r in rows if r["distinct_token_ratio"] < LOOP_RATIO],
+        seconds=time.perf_counter() - t0,
     )
-    _print(result)
+    if device.type == "cpu":
+        result["note"] = ("CPU run: tiny models are overhead-bound here, so these ratios say nothing about speedups "
+                          "on a GPU; the accept lengths and exactness columns hold on any device")
+    print_table(result)
     (out / "bench.json").write_text(json.dumps(result, indent=2, default=float))
-    result["plots"] = _plots(out, rows, calibration, label)
-    print(f"wrote {out / 'bench.json'} and {', '.join(result['plots'])}")
+    result["plots"] = write_plots(out, result, calibration)
+    print(f"wrote {out / 'bench.json'} and {', '.join(result['plots'])} ({time.perf_counter() - t0:.0f} s in all)")
     return result
 
 
-def _print(result: dict) -> None:
-    cols = ("method", "tokens_per_s", "speedup_vs_ar", "mean_acceptance_length", "ms_per_round", "mean_w",
-            "exact_match_rate", "layer0_experts_per_round", "distinct_token_ratio")
-    heads = ("method", "tok/s", "vs AR", "accept len", "ms/round", "mean w", "exact vs AR", "L0 experts", "distinct tok")
-    cells = [heads] + [[_fmt(r.get(c)) for c in cols] for r in result["rows"]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    print(f"\nhybridspec bench, {result['label']}: {result['models']} on {result['device']}, "
-          f"{result['prompts']} prompts x {result['max_new_tokens']} new tokens")
-    for i, row in enumerate(cells):
-        print(" | ".join(c.rjust(w) for c, w in zip(row, widths)))
-        if i == 0:
-            print("-+-".join("-" * w for w in widths))
-    m = result["memory"]
-    print(f"verification state: {m['ours_bytes'] / 1e6:.3g} MB vs the stock per-token states "
-          f"{m['stock_per_token_state_bytes'] / 1e6:.4g} MB per request slot ({m['ratio']:.0f}x)")
-    if result["looping"]:
-        print(f"note: random-weight continuations loop (distinct-token ratio < {LOOP_RATIO}) for: "
-              + ", ".join(result["looping"]))
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return "nan" if v != v else f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
-    return str(v)
-
+def main(args) -> None:
+    """`hybridspec bench` (arguments: `hybridspec.cli`)."""
+    run(args)

@@ -52,20 +52,39 @@ def load_drafter(spec: str, device: str, dtype: torch.dtype | None = None):
     return DeviceReplayDrafter(drafter, torch.zeros(0, dtype=torch.long))
 
 
+def is_replay(drafter) -> bool:
+    """True for the replay drafters of `hybridspec.sim.replay` (simulated acceptance)."""
+    from hybridspec.sim import replay
+
+    return isinstance(drafter, (replay.ReplayDrafter, replay.DeviceReplayDrafter))
+
+
+def _replay_wrapped(config: dict) -> dict:
+    from hybridspec.sim import replay
+
+    return {"replay": {"beta": [replay.BETA_A, replay.BETA_B], "shift": replay.CONFIDENCE_SHIFT,
+                       "other_tokens": replay.OTHER_TOKENS},
+            "drafter": config}
+
+
 def drafter_fingerprint_config(drafter) -> dict:
     """The configuration that identifies a drafter for calibration artifacts: the DFlash config,
     and for a replay drafter (host or device draws: the same model) also its fixed acceptance model."""
-    from hybridspec.sim import replay
-
-    inner = getattr(drafter, "drafter", None)
-    if isinstance(drafter, (replay.ReplayDrafter, replay.DeviceReplayDrafter)):
-        return {"replay": {"beta": [replay.BETA_A, replay.BETA_B], "shift": replay.CONFIDENCE_SHIFT,
-                           "other_tokens": replay.OTHER_TOKENS},
-                "drafter": drafter_fingerprint_config(inner)}
+    if is_replay(drafter):
+        return _replay_wrapped(drafter_fingerprint_config(drafter.drafter))
     config = getattr(drafter, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise ValueError(f"cannot identify drafter {type(drafter).__name__} for calibration: it has no config")
     return config.to_dict()
+
+
+def drafter_identity(drafter) -> dict:
+    """What a calibration summary records about its drafter beyond the fingerprint, so that a
+    mismatch can be explained: `drafter_kind` ("replay": simulated acceptance, or "plain") and the
+    fingerprints of the underlying drafter used plain and under the replay drafter."""
+    plain = drafter_fingerprint_config(drafter.drafter if is_replay(drafter) else drafter)
+    return dict(drafter_kind="replay" if is_replay(drafter) else "plain",
+                drafter_fingerprints={"plain": fingerprint(plain), "replay": fingerprint(_replay_wrapped(plain))})
 
 
 def target_fingerprint(model) -> str:

@@ -197,19 +197,42 @@ class Calibration:
             raise ValueError(f"{os.fspath(path)}: not a JSON calibration file ({e})") from e
         return cls.from_dict(d, source=os.fspath(path))
 
+    def _drafter_mismatch(self, running: str) -> str:
+        """Why the drafter differs, as far as the summary tells (`hybridspec.loading.drafter_identity`):
+        the replay drafter (simulated acceptance) and the same drafter used plainly have different
+        fingerprints, because their acceptance differs."""
+        kind = self.summary.get("drafter_kind")
+        prints = self.summary.get("drafter_fingerprints") or {}
+        made = self.summary.get("drafter")
+        if kind == "replay" and running == prints.get("plain"):
+            return ("it was made with the replay drafter (simulated acceptance, hybridspec.sim.replay) around this "
+                    "drafter, and this call passes the plain drafter, whose acceptance is its own. Calibrate the "
+                    "plain drafter (`hybridspec calibrate --drafter DIR`, not replay:DIR) or pass the replay drafter")
+        if kind == "plain" and running == prints.get("replay"):
+            return ("it was made with this drafter used plainly, and this call passes it inside the replay drafter "
+                    "(simulated acceptance, hybridspec.sim.replay), whose acceptance is simulated. Calibrate with "
+                    "`hybridspec calibrate --drafter replay:DIR` or pass the plain drafter")
+        if kind is None and isinstance(made, str) and (made.startswith("replay:") or "Replay" in made):
+            return (f"it was made with the replay drafter ({made}: simulated acceptance); if this is the same "
+                    f"drafter used plainly, calibrate it plainly. Otherwise it was measured for another drafter; {RERUN}")
+        return f"it was measured for another drafter; {RERUN}"
+
     def check(self, target_fingerprint: str, drafter_fingerprint: str, device_name: str,
               versions: dict[str, str | None]) -> None:
         """Raise ValueError if the schema or a model fingerprint differs from the running setup; one
         warning listing every difference if only the device name or library versions differ."""
         if self.schema_version != SCHEMA_VERSION:
             raise ValueError(f"calibration schema_version {self.schema_version} != {SCHEMA_VERSION}; {RERUN}")
-        for name, mine, running in (("target_fingerprint", self.target_fingerprint, target_fingerprint),
-                                    ("drafter_fingerprint", self.drafter_fingerprint, drafter_fingerprint)):
-            if mine != running:
-                raise ValueError(
-                    f"calibration {name} {mine[:16]}... does not match the loaded model ({running[:16]}...): "
-                    f"it was measured for another model; {RERUN}"
-                )
+        if self.target_fingerprint != target_fingerprint:
+            raise ValueError(
+                f"calibration target_fingerprint {self.target_fingerprint[:16]}... does not match the loaded model "
+                f"({target_fingerprint[:16]}...): it was measured for another model; {RERUN}"
+            )
+        if self.drafter_fingerprint != drafter_fingerprint:
+            raise ValueError(
+                f"calibration drafter_fingerprint {self.drafter_fingerprint[:16]}... does not match the drafter "
+                f"({drafter_fingerprint[:16]}...): {self._drafter_mismatch(drafter_fingerprint)}"
+            )
         diffs = []
         if device_name != self.device_name:
             diffs.append(f"device_name {self.device_name!r} -> {device_name!r}")

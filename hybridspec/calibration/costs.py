@@ -79,6 +79,27 @@ def fit_round_cost(lengths, mean_round_ms, max_len: int | None = None) -> RoundC
     return RoundCost(coefficients=a, fixed_ms=a[0], cost=tuple(float(c) for c in cost), rms_residual_ms=rms)
 
 
+# a cost fit whose RMS residual exceeds this fraction of the mean measured round time is noise, not a curve
+NOISY_COST_RESIDUAL = 0.10
+
+
+def cost_fit_noise(rms_residual_ms: float, mean_round_ms) -> dict:
+    """How far the measured round times stray from the fitted cost curve, for the artifact summary:
+    `cost_rms_residual_ms`, `cost_relative_residual` (the residual over the mean measured round
+    time), `noisy` (relative residual above `NOISY_COST_RESIDUAL`) and `noisy_reason` (None or why).
+    On a loaded machine the timed lengths can come out in any order (w = 2 slower than w = 4); the
+    quadratic, constrained non-decreasing, then misses them by about the round time itself."""
+    t = np.asarray(mean_round_ms, dtype=np.float64).reshape(-1)
+    if len(t) == 0 or not np.all(np.isfinite(t)) or t.mean() <= 0:
+        raise ValueError(f"cost_fit_noise: mean_round_ms must be finite with a positive mean, got {t.tolist()}")
+    relative = float(rms_residual_ms) / float(t.mean())
+    noisy = relative > NOISY_COST_RESIDUAL
+    reason = (f"RMS residual {rms_residual_ms:.3g} ms is {relative:.0%} of the mean round time {t.mean():.3g} ms "
+              f"(> {NOISY_COST_RESIDUAL:.0%}); measured {t.min():.3g} to {t.max():.3g} ms") if noisy else None
+    return dict(cost_rms_residual_ms=float(rms_residual_ms), cost_relative_residual=relative, noisy=bool(noisy),
+                noisy_reason=reason)
+
+
 def fit_line(x, y) -> tuple[float, float, float]:
     """Least-squares line `y = slope * x + intercept` and the Pearson correlation r.
 

@@ -4,7 +4,8 @@
 2. Capture run, verifying all D drafts every round: confidences, entropies, accepted counts and the
    routing of every MoE layer -> the acceptance model and the routing tables.
 3. Fixed-length runs (the lengths asked for and W) -> mean round time per w -> `C_tgt` (quadratic
-   fit with non-negative slope terms, minus its constant).
+   fit with non-negative slope terms, minus its constant). A fit whose RMS residual is large next
+   to the round times is flagged `noisy` in the summary (`costs.cost_fit_noise`).
 4. Microbenchmarks: Stage-0 latency per token (`s`) and routed-expert latency per distinct expert
    at 16 rows (`eta`), each a line fit, floored at 0.
 5. `rho` by Dinkelbach iteration, the best static length; write the JSON artifact.
@@ -28,24 +29,46 @@ from hybridspec.calibration.capture import (
     stage0_latency,
     timed_round_ms,
 )
-from hybridspec.calibration.costs import best_static_length, dinkelbach_rho, fit_line, fit_round_cost, routing_tables
+from hybridspec.calibration.costs import (
+    best_static_length,
+    cost_fit_noise,
+    dinkelbach_rho,
+    fit_line,
+    fit_round_cost,
+    routing_tables,
+)
 from hybridspec.calibration.prompts import load_prompts, load_tokenizer, render, split_prompts
-from hybridspec.loading import drafter_fingerprint, load_drafter, load_target, target_fingerprint
+from hybridspec.loading import drafter_fingerprint, drafter_identity, load_drafter, load_target, target_fingerprint
 from hybridspec.patches import family_of
 from hybridspec.policy import LengthPolicy, expected_tokens, prefix_probabilities
 
 MAX_VERIFY = 16
 
 
+def defaults(device) -> dict:
+    """The run's size where the caller gives none: a GPU calibration of real checkpoints times every
+    prompt at six lengths; on the CPU (tiny models) fewer timed prompts, lengths and tokens keep it
+    to about 30 s on 2 cores."""
+    if torch.device(device).type == "cuda":
+        return dict(max_new_tokens=64, lengths=(2, 4, 6, 8, 12, 16), timed_prompts=None)
+    return dict(max_new_tokens=32, lengths=(2, 4, 8, 16), timed_prompts=3)
+
+
 def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
-              max_new_tokens: int = 64, device: str = "cpu", lengths=(2, 4, 6, 8, 12, 16), seed: int = 0,
-              ) -> Calibration:
+              max_new_tokens: int | None = None, device: str = "cpu", lengths=None, seed: int = 0,
+              timed_prompts: int | None = None) -> Calibration:
     """Run the whole calibration (module docstring) and write `out`; returns the artifact.
     `target`: a model directory or a loaded model; `drafter`: `DIR`, `replay:DIR`, or a drafter
     object (a replay drafter when it has a `continuation`); `prompts`: a JSONL file (its seeded
-    calibration half is used) or a list of token ids `[1, n]` (used as given)."""
+    calibration half is used) or a list of token ids `[1, n]` (used as given). `max_new_tokens`,
+    `lengths` (timed for the cost curve) and `timed_prompts` (timed per length after one warm-up
+    prompt; None: all) default by device (`defaults`)."""
     import hybridspec
 
+    sizes = defaults(device)
+    max_new_tokens = sizes["max_new_tokens"] if max_new_tokens is None else max_new_tokens
+    lengths = sizes["lengths"] if lengths is None else lengths
+    timed_prompts = sizes["timed_prompts"] if timed_prompts is None else timed_prompts
     if len(set(lengths)) < 3 or not all(2 <= w <= MAX_VERIFY for w in lengths):
         raise ValueError(f"lengths must hold at least 3 distinct values in 2..{MAX_VERIFY}, got {lengths}")
     dev = torch.device(device)
@@ -78,10 +101,13 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
     data = capture_arrays(capture, W)
     acceptance = fit_acceptance(data["confidence"], data["entropy"], data["accepted"], data["valid"])
 
-    # timed separately from the capture, whose routing records add host work to every round
-    round_ms = {w: timed_round_ms(model, draft, runs, max_new_tokens, w, desc=f"timing (w = {w})")
+    # timed separately from the capture, whose routing records add host work to every round; the
+    # first prompt only warms up
+    timed = runs if timed_prompts is None else runs[: timed_prompts + 1]
+    round_ms = {w: timed_round_ms(model, draft, timed, max_new_tokens, w, desc=f"timing (w = {w})")
                 for w in sorted(set(lengths) | {W})}
     cost = fit_round_cost(list(round_ms), list(round_ms.values()), max_len=W)
+    cost_noise = cost_fit_noise(cost.rms_residual_ms, list(round_ms.values()))
 
     stage0_ms = stage0_latency(model, inputs[0], range(1, W + 1))
     s_fit, _, s_r = fit_line(list(stage0_ms), list(stage0_ms.values()))
@@ -116,9 +142,11 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
             prompts=len(calib), rounds=len(data["accepted"]), valid_rounds=int(data["valid"].sum()),
             mean_acceptance_length=float(np.mean(data["accepted"][data["valid"]]) + 1) if data["valid"].any() else None,
             round_ms=_keyed(round_ms), stage0_ms=_keyed(stage0_ms), stage0_slope_fit=s_fit, stage0_r=s_r, expert_ms=_keyed(expert_ms),
-            eta_fit=eta_fit, eta_r=eta_r, cost_rms_residual_ms=cost.rms_residual_ms,
-            mean_predicted_w=mean_w, max_new_tokens=max_new_tokens, seed=seed,
+            eta_fit=eta_fit, eta_r=eta_r, **cost_noise,
+            mean_predicted_w=mean_w, max_new_tokens=max_new_tokens, seed=seed, timed_prompts=max(1, len(timed) - 1),
             drafter=drafter if isinstance(drafter, str) else type(drafter).__name__,
+            cpu_threads=torch.get_num_threads() if dev.type == "cpu" else None,
+            **drafter_identity(draft),
         ),
     )
     result.save(out)
@@ -151,3 +179,19 @@ def _print_summary(c: Calibration) -> None:
           f"eta = {c.eta_ms:.4f} ms/expert (r = {s['eta_r']:.3f})")
     if s["mean_predicted_w"] is not None:
         print(f"mean predicted w on the calibration rounds = {s['mean_predicted_w']:.2f}")
+    measured = " ".join(f"{w}:{t:.3f}" for w, t in sorted(s["round_ms"].items(), key=lambda kv: int(kv[0])))
+    print(f"measured round ms: {measured}; cost fit RMS residual {s['cost_rms_residual_ms']:.3f} ms "
+          f"({s['cost_relative_residual']:.0%} of the mean round time)")
+    if s["noisy"]:
+        print(f"WARNING: the cost fit is noisy: {s['noisy_reason']}. The cost curve, rho and the lengths the "
+              "policy picks rest on it; rerun on an idle machine (or with more --max-new-tokens / --timed-prompts).")
+
+
+def main(args) -> None:
+    """`hybridspec calibrate` (arguments: `hybridspec.cli`)."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(args.cpu_threads)
+    calibrate(target=args.target, drafter=args.drafter, prompts=args.prompts, out=args.out, tokenizer=args.tokenizer,
+              max_new_tokens=args.max_new_tokens, device=device, lengths=args.lengths, seed=args.seed,
+              timed_prompts=args.timed_prompts)

@@ -41,9 +41,23 @@ SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")
 
 
 class DFlashDrafter(nn.Module):
-    """A DFlash drafter (`hybridspec.drafter.protocol.DeviceDrafter`: fixed shapes and
-    device-resident lengths, so the runner captures it in its graph). Weights as in z-lab checkpoints:
-    `layers.*`, `fc`, `hidden_norm`, `norm`; the embedding and LM head are the target's (`bind`)."""
+    """A DFlash drafter (`hybridspec.drafter.protocol.DeviceDrafter`: fixed shapes and device-resident
+    lengths, so the runner captures it in its graph). Weights as in z-lab checkpoints:
+    `layers.*`, `fc`, `hidden_norm`, `norm`; the embedding and LM head are the target's (`bind`).
+
+    Load one with `DFlashDrafter.from_pretrained(DIR, dtype=..., device=...)` and pass it to a target
+    that `hybridspec.enable(model)` patched:
+
+        out = model.generate(input_ids, assistant_model=drafter, hybridspec=True, max_new_tokens=256)
+
+    The `generate` arguments hybridspec adds: `hybridspec=True` (route the call), `assistant_model=`
+    (this drafter), `verify_length=w` (fixed tokens per round, 2..block size), `policy=` ("hybridspec",
+    the default, or "nominal", "no_two_stage", "static", "dcut", "evict"), `calibration=` (an
+    artifact from `hybridspec calibrate`), `enforce_eager=True` (no CUDA graphs), `reference_loop=True`
+    (the host-driven loop), and with `return_dict_in_generate=True` the output's `hybridspec_stats`
+    (per-round lengths, accepted drafts, mean acceptance length). `bind(target)` checks the pair
+    (hidden size, vocabulary, tapped layers, target depth); `generate` calls it.
+    """
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
@@ -99,13 +113,20 @@ class DFlashDrafter(nn.Module):
         save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
 
     def bind(self, target: nn.Module) -> "DFlashDrafter":
-        """Share `target`'s input embedding and LM head; raises ValueError naming every mismatch."""
+        """Share `target`'s input embedding and LM head; raises ValueError naming every mismatch
+        (hidden size, vocabulary, `num_target_layers` against the target's depth, tapped layers,
+        block size, mask token)."""
         tc = target.config.get_text_config()
         cfg, problems = self.config, []
         if tc.hidden_size != cfg.hidden_size:
             problems.append(f"hidden size: drafter {cfg.hidden_size}, target {tc.hidden_size}")
         if tc.vocab_size != cfg.vocab_size:
             problems.append(f"vocab size: drafter {cfg.vocab_size}, target {tc.vocab_size}")
+        if cfg.num_target_layers is not None and cfg.num_target_layers != tc.num_hidden_layers:
+            problems.append(
+                f"the drafter's config names a target with num_target_layers={cfg.num_target_layers}, this "
+                f"target has {tc.num_hidden_layers} layers (a drafter for another model?)"
+            )
         bad = [t for t in cfg.target_layer_ids if not 0 <= t < tc.num_hidden_layers]
         if bad:
             problems.append(
