@@ -17,7 +17,7 @@ from hybridspec.cache import BoundedCache
 from hybridspec.calibration.artifact import Calibration, current_device_name, runtime_versions
 from hybridspec.generation.loop import hybridspec_decode
 from hybridspec.generation.options import POLICIES, HybridSpecOptions
-from hybridspec.loading import drafter_fingerprint, target_fingerprint
+from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
 from hybridspec.patches import family_of
 from hybridspec.policy import FixedPolicy, default_policy, from_calibration
 from hybridspec.runner.decode import release_runner

@@ -42,7 +42,8 @@ SIZES = {
     "full": dict(num_prompts=4, prompt_tokens=512, max_new_tokens=256, calibration_tokens=64),
 }
 def _models(args, device):
-    from hybridspec.loading import load_drafter, load_target
+    from hybridspec.loading import load_target
+    from hybridspec.sim.spec import load_drafter_spec
     from hybridspec.shapes import build_drafter, build_target
     from hybridspec.sim.replay import DeviceReplayDrafter
     from hybridspec.tiny import tiny_drafter, tiny_target
@@ -57,7 +58,7 @@ def _models(args, device):
         model, drafter = load_target(args.target, device), None
         what = args.target
     if args.drafter:
-        drafter = load_drafter(args.drafter, device)
+        drafter = load_drafter_spec(args.drafter, device)
     elif drafter is None:
         if not args.shape:
             raise SystemExit("--target needs --drafter DIR")

@@ -17,7 +17,8 @@ from transformers import GenerationMixin
 import hybridspec
 from hybridspec import _hints
 from hybridspec.drafter import DFlashConfig, DFlashDrafter
-from hybridspec.loading import drafter_fingerprint, drafter_identity
+from hybridspec.fingerprint import drafter_fingerprint
+from hybridspec.sim.spec import drafter_identity
 from hybridspec.sim.replay import DeviceReplayDrafter
 from tests.calibration.test_artifact import VERSIONS, calibration
 from tests.models import VOCAB, config, qwen35_causal_lm, random_drafter

@@ -8,7 +8,6 @@ under (a mismatch only warns: the numbers are probably still close).
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import warnings
@@ -16,47 +15,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hybridspec.calibration.acceptance import AcceptanceModel
+from hybridspec.fingerprint import fingerprint
 
 SCHEMA_VERSION = 1
 RERUN = "rerun `hybridspec calibrate` for this target, drafter and GPU"
-
-# Keys of a transformers config dict that change between loads of the same checkpoint (paths,
-# versions, dtype, kernel choices, parallel plans, output switches) and not the model itself.
-VOLATILE_KEYS = frozenset({
-    "_name_or_path", "name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
-    "_commit_hash", "attn_implementation", "experts_implementation", "auto_map", "_auto_class",
-    "_is_quantized", "_pre_quantization_dtype", "output_attentions", "_output_attentions",
-    "output_hidden_states", "output_router_logits", "return_dict", "use_return_dict", "use_cache",
-    "torchscript", "base_model_tp_plan", "base_model_pp_plan", "base_model_fsdp_plan", "tp_plan",
-    "pp_plan", "distributed_config", "ignore_keys_at_rope_validation",
-})
-VOLATILE_PREFIXES = ("_attn_implementation", "_experts_implementation")
-
-
-def _stable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            str(k): _stable(v) for k, v in value.items()
-            if k not in VOLATILE_KEYS and not str(k).startswith(VOLATILE_PREFIXES)
-        }
-    if isinstance(value, (list, tuple)):
-        return [_stable(v) for v in value]
-    if hasattr(value, "to_dict"):
-        return _stable(value.to_dict())
-    return value
-
-
-def fingerprint(config) -> str:
-    """sha256 (hex) of a model config without its volatile keys (`VOLATILE_KEYS`, `VOLATILE_PREFIXES`,
-    removed at every nesting level). `config`: a dict or anything with `to_dict()` (a transformers
-    `PretrainedConfig`, `DFlashConfig`)."""
-    d = config.to_dict() if hasattr(config, "to_dict") else config
-    if not isinstance(d, dict):
-        raise TypeError(f"fingerprint: expected a config dict or an object with to_dict(), got {type(config).__name__}")
-    # default=str: values such as torch.dtype in hand-built dicts still hash deterministically
-    text = json.dumps(_stable(d), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
 
 def runtime_versions() -> dict[str, str | None]:
     """Versions the artifact records: torch, transformers, triton (None without it), hybridspec."""
@@ -198,7 +160,7 @@ class Calibration:
         return cls.from_dict(d, source=os.fspath(path))
 
     def _drafter_mismatch(self, running: str) -> str:
-        """Why the drafter differs, as far as the summary tells (`hybridspec.loading.drafter_identity`):
+        """Why the drafter differs, as far as the summary tells (`hybridspec.sim.identity.drafter_identity`):
         the replay drafter (simulated acceptance) and the same drafter used plainly have different
         fingerprints, because their acceptance differs."""
         kind = self.summary.get("drafter_kind")

@@ -38,7 +38,9 @@ from hybridspec.calibration.costs import (
     routing_tables,
 )
 from hybridspec.calibration.prompts import load_prompts, load_tokenizer, render, split_prompts
-from hybridspec.loading import drafter_fingerprint, drafter_identity, load_drafter, load_target, target_fingerprint
+from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
+from hybridspec.loading import load_target
+from hybridspec.sim.spec import drafter_identity, load_drafter_spec
 from hybridspec.patches import family_of
 from hybridspec.policy import LengthPolicy, expected_tokens, prefix_probabilities
 
@@ -75,7 +77,7 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
     # the replay drafter draws from torch's global generator
     torch.manual_seed(seed)
     model = hybridspec.enable(load_target(target, device) if isinstance(target, str) else target)
-    draft = load_drafter(drafter, device) if isinstance(drafter, str) else drafter
+    draft = load_drafter_spec(drafter, device) if isinstance(drafter, str) else drafter
     draft.bind(model)
     W = min(draft.block_size, MAX_VERIFY)
     lengths = tuple(sorted(w for w in set(lengths) if w <= W))

@@ -112,6 +112,10 @@ class DFlashDrafter(nn.Module):
         state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
         save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
 
+    def fingerprint_config(self) -> dict:
+        """What identifies this drafter for calibration artifacts (`hybridspec.fingerprint`)."""
+        return self.config.to_dict()
+
     def bind(self, target: nn.Module) -> "DFlashDrafter":
         """Share `target`'s input embedding and LM head; raises ValueError naming every mismatch
         (hidden size, vocabulary, `num_target_layers` against the target's depth, tapped layers,

@@ -55,11 +55,21 @@ def replay_round(generator: torch.Generator | None, truth: torch.Tensor, known: 
     return ReplayRound(tokens, confidence, entropy, correct)
 
 
+def replay_fingerprint_config(plain: dict) -> dict:
+    """A replay drafter's identity: the wrapped drafter's config and the fixed acceptance model (host
+    or device draws: the same model), so a calibration made with it never passes for the plain one."""
+    return {"replay": {"beta": [BETA_A, BETA_B], "shift": CONFIDENCE_SHIFT, "other_tokens": OTHER_TOKENS},
+            "drafter": plain}
+
+
 class _Wrapping:
     """What both replay drafters take from the real drafter they wrap (`self.drafter`)."""
 
     drafter: object
     vocab_size: int | None
+
+    def fingerprint_config(self) -> dict:
+        return replay_fingerprint_config(self.drafter.fingerprint_config())
 
     @property
     def block_size(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hybridspec.calibration import AcceptanceModel, Calibration, current_device_name, runtime_versions
-from hybridspec.loading import drafter_fingerprint, target_fingerprint
+from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
 
 
 def logit(p):

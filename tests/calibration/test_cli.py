@@ -15,7 +15,8 @@ from hybridspec.calibration import Calibration
 from hybridspec.cli import main
 from hybridspec.generation.options import POLICIES
 from hybridspec.sim.replay import DeviceReplayDrafter
-from hybridspec.loading import load_drafter, load_target
+from hybridspec.loading import load_target
+from hybridspec.sim.spec import load_drafter_spec
 from hybridspec.tiny import tiny_drafter, tiny_target
 
 PROMPTS = Path(__file__).parents[2] / "examples" / "prompts.jsonl"
@@ -47,7 +48,7 @@ def test_calibrate_then_generate(tmp_path, capsys):
     assert list(calib.cost) == sorted(calib.cost) and calib.cost[0] >= 0
 
     model = hybridspec.enable(load_target(tmp_path / "target", "cpu"))
-    replay = load_drafter(f"replay:{tmp_path / 'drafter'}", "cpu")
+    replay = load_drafter_spec(f"replay:{tmp_path / 'drafter'}", "cpu")
     assert isinstance(replay, DeviceReplayDrafter)
     torch.manual_seed(7)
     prompt = torch.tensor([[5, 9, 33, 70, 2]])

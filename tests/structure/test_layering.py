@@ -12,16 +12,17 @@ import hybridspec
 ROOT = Path(hybridspec.__file__).parent
 # lower ranks may not import higher ones; one rank may import itself
 RANK = {
-    "cache": 0,
+    "cache": 0, "_hints": 0, "inputs": 0,
     "ops": 1,
-    "state": 2, "experts": 2, "fingerprint": 2,
+    "state": 2, "experts": 2,
     "patches": 3, "drafter": 3,
-    "policy": 4,
+    "policy": 4, "fingerprint": 4,
     "round": 5,
     "runner": 6, "sim": 6,
-    "generation": 7, "loading": 7,
+    "loading": 5,
+    "generation": 7,
     "calibration": 8,
-    "api": 9, "shapes": 9, "tiny": 9,
+    "api": 9, "shapes": 9, "tiny": 9, "bench_report": 9, "bench_plots": 9,
     "bench": 10, "training": 10,
     "cli": 11,
     "__main__": 12, "__init__": 12,

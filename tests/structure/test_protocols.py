@@ -9,6 +9,7 @@ import torch
 
 import hybridspec
 from hybridspec.drafter.protocol import DeviceDrafter, Drafter
+from hybridspec.fingerprint import Fingerprinted
 from hybridspec.policy import AcceptanceModel, AdaptivePolicy, FixedPolicy, LengthPolicy, Policy, RatioPolicy
 from hybridspec.round.accept import greedy_accept, sample_accept
 from hybridspec.round.protocols import AcceptRule, Process, RoundRecorder
@@ -30,6 +31,9 @@ def test_drafters_satisfy_their_protocols():
         assert isinstance(d, DeviceDrafter), type(d).__name__
     for d in host:
         assert isinstance(d, Drafter) and not isinstance(d, DeviceDrafter), type(d).__name__
+    # calibration artifacts identify a drafter by its fingerprint config; the replay drafters' differ
+    assert all(isinstance(d, Fingerprinted) for d in (real, device, host[0]))
+    assert device.fingerprint_config() != real.fingerprint_config() == real.config.to_dict()
 
 
 def test_policies_rules_and_hooks_satisfy_their_protocols():
