@@ -291,7 +291,8 @@ def run(args) -> dict:
     else:
         print("calibrating (on prompts of their own, seed", args.seed + 1, ")")
         calibration = calibrate(model, drafter, calib_prompts, str(out / "calibration.json"),
-                                max_new_tokens=args.calibration_tokens, device=str(device), seed=args.seed + 1)
+                                max_new_tokens=args.calibration_tokens, device=str(device), seed=args.seed + 1,
+                                accept=forced)
     calib_noise = calibration_noise(calibration)
 
     absent = {}

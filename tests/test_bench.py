@@ -16,7 +16,7 @@ from hybridspec.bench_plots import TITLE_WIDTH, cost_figure, speedup_figure
 from hybridspec.bench_report import COLUMNS, _cell, noise_reasons, spread
 from hybridspec.calibration.costs import cost_fit_noise, fit_round_cost
 from hybridspec.cli import build_parser
-from hybridspec.generation.stats import HybridSpecStats
+from hybridspec.round.stats import HybridSpecStats
 from tests.calibration.test_artifact import calibration
 
 matplotlib.use("Agg")

@@ -58,7 +58,7 @@ class RoundRecorder:
 
 
 def generate_rounds(model, drafter, prompts, recorder: RoundRecorder, max_new_tokens: int, verify_length: int,
-                    desc: str) -> None:
+                    desc: str, accept=None) -> None:
     """Greedy HybridSpec generation of every prompt at a fixed verification length, recorded.
     `prompts`: (input_ids `[1, n]`, continuation or None) pairs; a continuation is handed to a
     replay drafter before its prompt."""
@@ -67,10 +67,12 @@ def generate_rounds(model, drafter, prompts, recorder: RoundRecorder, max_new_to
             drafter.continuation = continuation
         recorder.new_call()
         model.generate(ids, assistant_model=drafter, hybridspec=True, verify_length=verify_length,
-                       max_new_tokens=max_new_tokens, do_sample=False, hybridspec_recorder=recorder)
+                       max_new_tokens=max_new_tokens, do_sample=False, hybridspec_recorder=recorder,
+                       hybridspec_accept=accept)
 
 
-def timed_round_ms(model, drafter, prompts, max_new_tokens: int, verify_length: int, desc: str) -> float:
+def timed_round_ms(model, drafter, prompts, max_new_tokens: int, verify_length: int, desc: str,
+                   accept=None) -> float:
     """Mean round time at a fixed verification length, as decoding runs it: on the CUDA-graph
     runner where the drafter allows (no recorder here, so nothing adds host work to a round). The
     first prompt only warms up (capture, compiles); the rest are timed."""
@@ -79,7 +81,8 @@ def timed_round_ms(model, drafter, prompts, max_new_tokens: int, verify_length: 
         if continuation is not None:
             drafter.continuation = continuation
         out = model.generate(ids, assistant_model=drafter, hybridspec=True, verify_length=verify_length,
-                             max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+                             max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
+                             hybridspec_accept=accept)
         if n > 0 or len(prompts) == 1:
             total += out.hybridspec_stats.decode_seconds
             rounds += out.hybridspec_stats.rounds

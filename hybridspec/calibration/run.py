@@ -40,7 +40,7 @@ from hybridspec.calibration.costs import (
 from hybridspec.calibration.prompts import load_prompts, load_tokenizer, render, split_prompts
 from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
 from hybridspec.loading import load_target
-from hybridspec.sim.spec import drafter_identity, load_drafter_spec
+from hybridspec.sim.spec import drafter_identity, is_replay, load_drafter_spec
 from hybridspec.patches import family_of
 from hybridspec.policy import LengthPolicy, expected_tokens, prefix_probabilities
 
@@ -58,13 +58,15 @@ def defaults(device) -> dict:
 
 def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
               max_new_tokens: int | None = None, device: str = "cpu", lengths=None, seed: int = 0,
-              timed_prompts: int | None = None) -> Calibration:
+              timed_prompts: int | None = None, accept=None) -> Calibration:
     """Run the whole calibration (module docstring) and write `out`; returns the artifact.
     `target`: a model directory or a loaded model; `drafter`: `DIR`, `replay:DIR`, or a drafter
     object (a replay drafter when it has a `continuation`); `prompts`: a JSONL file (its seeded
     calibration half is used) or a list of token ids `[1, n]` (used as given). `max_new_tokens`,
     `lengths` (timed for the cost curve) and `timed_prompts` (timed per length after one warm-up
-    prompt; None: all) default by device (`defaults`)."""
+    prompt; None: all) default by device (`defaults`). `accept`: an `AcceptRule` for every
+    calibration round (`generate(hybridspec_accept=)`): the forced acceptance of random-weight
+    benchmarks, so the calibration sees the acceptance the evaluation will (recorded in the summary)."""
     import hybridspec
 
     sizes = defaults(device)
@@ -91,7 +93,7 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
         calib = list(prompts)
         inputs = [p.to(dev) for p in calib]
     # a replay drafter replays the target's own greedy continuation of each prompt
-    replay = drafter.startswith("replay:") if isinstance(drafter, str) else hasattr(drafter, "continuation")
+    replay = is_replay(draft)
     continuations = [_greedy(model, ids, max_new_tokens) if replay else None
                      for ids in tqdm(inputs, desc="target continuations", disable=not replay)]
     runs = list(zip(inputs, continuations))
@@ -99,14 +101,14 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
     capture = RoundRecorder(dev, config.num_experts)
     # the capture comes first: its rounds, cut short at the output limit, also compile every
     # verification shape, so that no timed round below pays a kernel compile
-    generate_rounds(model, draft, runs, capture, max_new_tokens, W, desc=f"capture (w = {W})")
+    generate_rounds(model, draft, runs, capture, max_new_tokens, W, desc=f"capture (w = {W})", accept=accept)
     data = capture_arrays(capture, W)
     acceptance = fit_acceptance(data["confidence"], data["entropy"], data["accepted"], data["valid"])
 
     # timed separately from the capture, whose routing records add host work to every round; the
     # first prompt only warms up
     timed = runs if timed_prompts is None else runs[: timed_prompts + 1]
-    round_ms = {w: timed_round_ms(model, draft, timed, max_new_tokens, w, desc=f"timing (w = {w})")
+    round_ms = {w: timed_round_ms(model, draft, timed, max_new_tokens, w, desc=f"timing (w = {w})", accept=accept)
                 for w in sorted(set(lengths) | {W})}
     cost = fit_round_cost(list(round_ms), list(round_ms.values()), max_len=W)
     cost_noise = cost_fit_noise(cost.rms_residual_ms, list(round_ms.values()))
@@ -148,6 +150,7 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
             mean_predicted_w=mean_w, max_new_tokens=max_new_tokens, seed=seed, timed_prompts=max(1, len(timed) - 1),
             drafter=drafter if isinstance(drafter, str) else type(drafter).__name__,
             cpu_threads=torch.get_num_threads() if dev.type == "cpu" else None,
+            accept_rule=None if accept is None else type(accept).__name__,
             **drafter_identity(draft),
         ),
     )

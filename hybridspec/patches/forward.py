@@ -187,5 +187,11 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
         if i in taps:
             tapped[i] = h
     state.written = w
+    out = text.norm(h)
+    # transformers' last `hidden_states` entry, which the prefill taps, is the final-normed output:
+    # a drafter tapping the last layer reads the same there and in every round
+    last = len(text.layers) - 1
+    if last in taps:
+        tapped[last] = out
     features = torch.cat([tapped[i] for i in taps], dim=-1) if taps else h[..., :0]
-    return text.norm(h), features
+    return out, features

@@ -182,6 +182,10 @@ class TableDrafter:
     def __init__(self, prompt_len: int, table: dict):
         self.prompt_len, self.table = prompt_len, table
 
+    def fingerprint_config(self) -> dict:
+        # what a calibration artifact records of this drafter (`hybridspec.fingerprint`)
+        return self.config.to_dict()
+
     def bind(self, model) -> None:
         pass
 
