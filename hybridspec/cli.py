@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hybridspec.training import cli as training_cli
+
 
 def _calibrate_parser(sub) -> None:
     p = sub.add_parser(
@@ -59,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _calibrate_parser(sub)
     _bench_parser(sub)
+    training_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "train-drafter":
+        return training_cli.run(args)
     if args.command == "bench":
         from hybridspec.bench import run
 
