@@ -72,6 +72,12 @@ def _schedule(warmup: float):
     return factor, total
 
 
+def planned_steps(max_steps: int, budget: float, elapsed: float, seconds_per_step: float, done: int) -> int:
+    """Steps that fit a time budget: those done plus what the remaining time buys at the measured
+    steady pace (never more than `max_steps`, never fewer than done)."""
+    return max(done, min(max_steps, done + int(max(0.0, budget - elapsed) / seconds_per_step)))
+
+
 def _optimizer(drafter, options: TrainOptions):
     decay = [p for p in drafter.parameters() if p.dim() >= 2]
     rest = [p for p in drafter.parameters() if p.dim() < 2]
@@ -164,8 +170,7 @@ def train_drafter(**kwargs) -> dict:
                 t_warm = now
             else:
                 per_step = (now - t_warm) / (TIMING_STEPS - WARMUP_STEPS)
-                left = options.time_budget - (now - t0)
-                total[0] = max(step, min(options.steps, step + int(left / per_step)))
+                total[0] = planned_steps(options.steps, options.time_budget, now - t0, per_step, step)
                 bar.total = total[0]
         if step % options.log_every == 0 or step == total[0]:
             row = {"step": step, "loss": loss.item(), **{k: v.item() for k, v in stats.items()},

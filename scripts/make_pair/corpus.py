@@ -12,7 +12,6 @@ import json
 import os
 import random
 import site
-import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,8 @@ from hybridspec.training.data import is_heldout
 HELDOUT_PERCENT = 2.0
 # larger files are mostly generated tables and data, not code people write
 MAX_FILE_BYTES = 512_000
+# the seeded sample of training files `hybridspec train-drafter` reads (train_target.py writes it too)
+DRAFTER_CORPUS_BYTES = 24_000_000
 
 
 @dataclass
@@ -134,7 +135,23 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-if __name__ == "__main__":
-    c = build(int(sys.argv[1]) if len(sys.argv) > 1 else None)
+def main(argv=None):
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--max-files", type=int, default=None, help="first N source files only (dry runs)")
+    p.add_argument("--drafter-corpus", default=None, help="write the drafter's corpus sample (JSONL) here, "
+                                                           "as train_target.py does")
+    p.add_argument("--drafter-corpus-bytes", type=int, default=DRAFTER_CORPUS_BYTES)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    c = build(args.max_files)
     print(json.dumps({"roots": [str(r) for r in roots()], "files": c.files, "duplicates": c.duplicates,
                       "skipped": c.skipped, "bytes": c.bytes, "train": len(c.train), "heldout": len(c.heldout)}))
+    if args.drafter_corpus:
+        texts = sample_texts(c.train, args.drafter_corpus_bytes, args.seed)
+        write_jsonl(Path(args.drafter_corpus), [{"text": t} for t in texts])
+
+
+if __name__ == "__main__":
+    main()

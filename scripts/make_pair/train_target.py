@@ -53,7 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--max-steps", type=int, default=100_000)
     p.add_argument("--tokenizer-bytes", type=int, default=40_000_000)
-    p.add_argument("--drafter-corpus-bytes", type=int, default=24_000_000)
+    p.add_argument("--drafter-corpus-bytes", type=int, default=corpus_mod.DRAFTER_CORPUS_BYTES)
     p.add_argument("--eval-windows", type=int, default=256, help="held-out windows of --seq-len for the loss")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)

@@ -93,3 +93,25 @@ def test_loss_weights_follow_the_paper():
     assert w[0].item() == 1.0
     assert all(math.isclose(w[k - 1].item(), math.exp(-(k - 1) / 7), rel_tol=1e-6) for k in range(1, 16))
     assert blocks.default_gamma(16) == 7.0 and blocks.default_gamma(8) == 4.0
+
+
+def test_schedule_and_time_budget():
+    from hybridspec.training.train import _schedule, planned_steps
+
+    factor, total = _schedule(0.1)
+    total[0] = 100
+    assert [round(factor(s), 3) for s in (0, 4, 9)] == [0.1, 0.5, 1.0]
+    assert factor(10) == 1.0 and abs(factor(55) - 0.5) < 1e-9 and factor(100) == 0.0
+    # 30 steps done after 5 s of a 200 s budget at 0.025 s per steady step
+    assert planned_steps(100_000, 200.0, 5.0, 0.025, 30) == 30 + 7800
+    assert planned_steps(1000, 200.0, 5.0, 0.025, 30) == 1000
+    assert planned_steps(1000, 200.0, 250.0, 0.025, 30) == 30
+
+
+def test_default_taps_leave_out_the_last_layer():
+    from hybridspec.training.train import default_taps
+
+    assert default_taps(4) == [0, 1, 2]
+    assert default_taps(2) == [0]
+    taps = default_taps(40)
+    assert len(taps) == 5 and taps[0] == 0 and taps[-1] == 38
