@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from hybridspec.training import cli as training_cli
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows every default, except where there is nothing to show (flags that are off, and
@@ -136,6 +138,12 @@ COMMANDS: dict[str, Command] = {
                     "~1 minute with the defaults.",
         arguments=_bench_arguments,
         run="hybridspec.bench:main",
+    ),
+    "train-drafter": Command(
+        help=training_cli.HELP,
+        description=training_cli.DESCRIPTION,
+        arguments=training_cli.add_arguments,
+        run="hybridspec.training.cli:run",
     ),
 }
 
