@@ -6,13 +6,18 @@ What it shows holds on any hardware: how many tokens each target forward pass yi
 GPU turns into speed) and that the output is exactly the target's own. It does not time anything:
 on a CPU, models this small are overhead-bound, so tokens/s would only measure Python.
 
-The pair it runs comes from `default_pair()`. Today that is the embedded tiny pair with random
-weights: its DFlash drafter guesses almost nothing right, so the passes saved are shown again with
-the replay drafter, whose acceptance is simulated (it replays the target's own continuation with
-mistakes drawn from a fixed model) and labelled so. A trained pair changes one line there.
+The pair it runs comes from `default_pair()`: the trained reference pair of `assets/pair` (a
+7.6M-parameter Qwen3.5-MoE target trained on Python sources and its DFlash drafter; real text, real
+acceptance; docs/pair.md). `tiny_random_pair()` is the embedded random pair: its drafter guesses
+almost nothing right, so with it the passes saved are shown again with the replay drafter, whose
+acceptance is simulated and labelled so.
 """
 
+import json
+from pathlib import Path
+
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hybridspec
 from hybridspec.sim.replay import ReplayDrafter
@@ -27,9 +32,23 @@ GPU_NOTE = (
 )
 
 
+PAIR = Path(__file__).resolve().parents[1] / "assets" / "pair"
+
+
 def default_pair():
     """(target, drafter, prompts, tokenizer or None) the quickstart runs. Prompts are text when a
-    tokenizer is given, else token ids `[1, n]`. Today: the seeded tiny random pair."""
+    tokenizer is given, else token ids `[1, n]`. The reference pair of `assets/pair`
+    (docs/pair.md): a 7.6M-parameter Qwen3.5-MoE trained on Python sources and a DFlash drafter
+    trained for it with `hybridspec train-drafter`; the first two of its held-out prompts."""
+    target = AutoModelForCausalLM.from_pretrained(PAIR / "target", dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(PAIR / "target")
+    drafter = hybridspec.DFlashDrafter.from_pretrained(PAIR / "drafter", dtype=torch.float32)
+    rows = [json.loads(line) for line in (PAIR / "heldout_prompts.jsonl").read_text().splitlines()[:2]]
+    return target, drafter, [r["prompt"] for r in rows], tokenizer
+
+
+def tiny_random_pair():
+    """The seeded tiny random pair of `hybridspec.tiny` (every code path, no language)."""
     tiny = hybridspec.tiny
     return tiny.tiny_target(seed=0), tiny.tiny_drafter(seed=0), [torch.tensor([[1, 17, 33, 64, 5, 90, 12, 7]])], None
 
