@@ -63,11 +63,16 @@ def _models(args, device):
         if not args.shape:
             raise SystemExit("--target needs --drafter DIR")
         drafter = build_drafter(args.shape, device)
-    replay = args.replay or args.tiny or bool(args.shape)
+    replay = args.replay or args.tiny or bool(args.shape) or bool(args.traces)
     if replay and not isinstance(drafter, DeviceReplayDrafter):
         # random bf16 weights do not reproduce their own greedy continuation under another block
         # split (near-tied routing and logits), so a full-size shape forces the replayed acceptance
         drafter = DeviceReplayDrafter(drafter, torch.zeros(0, dtype=torch.long))
+    if args.traces:
+        from hybridspec.sim.traces import Trace, TraceAcceptance
+
+        # a real pair's recorded rounds instead of the synthetic Beta model
+        drafter.acceptance = TraceAcceptance(Trace.load(args.traces))
     drafter.bind(model)
     forced = None
     if replay and args.shape and not args.unforced:
@@ -235,17 +240,22 @@ def _memory(model, drafter) -> dict:
     return dict(ours_bytes=ours, stock_per_token_state_bytes=stock, ratio=stock / ours)
 
 
-def _acceptance(replay: bool, forced) -> dict:
+def _acceptance(replay: bool, forced, traces: str | None = None) -> dict:
+    draws = (f"the recorded rounds of a real pair ({traces}: its drafter's confidence and acceptance, replayed in "
+             "order)" if traces else "the synthetic Beta(5, 2) acceptance model")
+    source = dict(draws="traces" if traces else "synthetic", traces=traces)
     if forced is not None:
-        return dict(model="forced", simulated=True, label="simulated acceptance (forced)",
+        return dict(model="forced", simulated=True, **source,
+                    label=f"simulated acceptance (forced, {'traces' if traces else 'synthetic'})",
                     description="simulated: forced acceptance (hybridspec.sim.forced): each round keeps as many drafts "
-                                "as the replay drafter's draws made correct, and emits the AR continuation; the target "
-                                "verifies every drafted token, but no exactness holds")
+                                f"as the replay drafter's draws made correct, draws from {draws}, and emits the AR "
+                                "continuation; the target verifies every drafted token, but no exactness holds")
     if replay:
-        return dict(model="replay", simulated=True, label="simulated acceptance (replay drafter)",
+        return dict(model="replay", simulated=True, **source,
+                    label=f"simulated acceptance (replay drafter, {'traces' if traces else 'synthetic'})",
                     description="simulated: replay drafter (hybridspec.sim.replay): the target's own greedy "
-                                "continuation with mistakes drawn from a fixed acceptance model, at the real "
-                                "drafter's cost; the target's own argmax accepts")
+                                f"continuation with mistakes from {draws}, at the real drafter's cost; the target's "
+                                "own argmax accepts")
     return dict(model="real", simulated=False, label="real acceptance (the drafter's own drafts)",
                 description="real: the drafter's own drafts, accepted by the target")
 
@@ -284,7 +294,7 @@ def run(args) -> dict:
     # the first AR pass gives the continuations the replay drafter replays and every row is compared to
     ar_first = passes.ar()
     passes.ar_outs = ar_first[0]
-    acceptance = _acceptance(replay, forced)
+    acceptance = _acceptance(replay, forced, args.traces)
 
     if args.calibration:
         calibration = Calibration.load(args.calibration)

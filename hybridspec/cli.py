@@ -85,6 +85,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", help="local DFlash drafter directory (default for --shape: random weights of the "
                                      "real drafters' shape)")
     p.add_argument("--replay", action="store_true", help="simulated acceptance over the drafter's cost")
+    p.add_argument("--traces", default=None,
+                   help="an acceptance trace recorded from a real pair (scripts/record_traces.py): the replay drafter "
+                        "replays its rounds in order instead of drawing from the synthetic Beta(5, 2) model")
     p.add_argument("--unforced", action="store_true",
                    help="with --shape: accept by the target's own argmax (random bf16 weights rarely reproduce their "
                         "AR continuation, so acceptance collapses) instead of forcing the replayed accept lengths")

@@ -142,10 +142,14 @@ class DeviceReplayDrafter(_Wrapping):
 
     Each `propose` also keeps the round's continuation (`truth`) and its count of leading correct
     drafts (`correct_prefix`): `hybridspec.sim.forced.ForcedAcceptance` reads them to replace the
-    target's acceptance in benchmarks on random weights."""
+    target's acceptance in benchmarks on random weights.
 
-    def __init__(self, drafter, continuation: torch.Tensor, vocab_size: int | None = None):
+    `acceptance`: where a round's draws come from instead of the Beta model, e.g. a
+    `hybridspec.sim.traces.TraceAcceptance` replaying a real pair's recorded rounds."""
+
+    def __init__(self, drafter, continuation: torch.Tensor, vocab_size: int | None = None, acceptance=None):
         self.drafter = drafter
+        self.acceptance = acceptance
         self.continuation = continuation
         self.vocab_size = vocab_size
         self.truth: torch.Tensor | None = None  # [B, D + 1] continuation from the anchor's successor
@@ -176,7 +180,14 @@ class DeviceReplayDrafter(_Wrapping):
         self._prompt_next = False
 
     def static_buffers(self) -> list[torch.Tensor]:
-        return [self._truth, self._known, self._emitted, *self.drafter.static_buffers()]
+        own = [] if self.acceptance is None else self.acceptance.static_buffers()
+        return [self._truth, self._known, self._emitted, *own, *self.drafter.static_buffers()]
+
+    def fingerprint_config(self) -> dict:
+        config = super().fingerprint_config()
+        if self.acceptance is not None:
+            config["replay"] = self.acceptance.fingerprint_config()
+        return config
 
     def _load(self, rows: int) -> None:
         cont = self.continuation.flatten()
@@ -186,6 +197,8 @@ class DeviceReplayDrafter(_Wrapping):
             self._truth = torch.zeros(rows, dtype=torch.long, device=device)
             self._known = torch.zeros(1, dtype=torch.long, device=device)
             self._emitted = torch.zeros(1, dtype=torch.long, device=device)
+        if self.acceptance is not None:
+            self.acceptance.prepare(device)
         n = min(cont.shape[0], self._truth.shape[0])
         self._truth[:n].copy_(cont[:n])
         self._known.fill_(n)
@@ -198,7 +211,10 @@ class DeviceReplayDrafter(_Wrapping):
         index = self._emitted[:, None] + torch.arange(D + 1, device=anchor.device)  # [B, D + 1]
         known = index < self._known[:, None]
         truth = self._truth[index.clamp(max=self._truth.shape[0] - 1)]
-        drawn = replay_round(None, truth[:, :D], known[:, :D], self.vocab_size)
+        if self.acceptance is None:
+            drawn = replay_round(None, truth[:, :D], known[:, :D], self.vocab_size)
+        else:
+            drawn = self.acceptance.draw(truth[:, :D], known[:, :D], self.vocab_size)
         self.truth = truth
         self.correct_prefix = drawn.correct.long().cumprod(-1).sum(-1)
         return DraftBlock(drawn.tokens, drawn.confidence.to(real.confidence.dtype), drawn.entropy.to(real.entropy.dtype))
