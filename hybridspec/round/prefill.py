@@ -8,6 +8,10 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from hybridspec.drafter.protocol import DeviceDrafter
+from hybridspec.patches.forward import load_prefill
+from hybridspec.round.accept import EMPTY_MESSAGE
+
 
 def prefill(model, input_ids, taps):
     """Transformers' own forward over the prompt: last-position logits `[B, V]` fp32, its
@@ -29,10 +33,6 @@ def start(target, state, drafter, input_ids: torch.Tensor, process, sampler, max
     A `DeviceDrafter` is `reset` for `max_length` target positions, then observes the prompt; a host
     drafter `start`s on it. Returns the first token `[B, 1]`, its processed scores and raw logits
     `[B, V]`; raises where that position's sampled distribution is empty."""
-    from hybridspec.drafter.protocol import DeviceDrafter
-    from hybridspec.patches.forward import load_prefill
-    from hybridspec.round.accept import EMPTY_MESSAGE
-
     logits, cache, feats = prefill(target.model, input_ids, target.taps)
     load_prefill(state, cache)
     del cache

@@ -20,6 +20,7 @@ import torch
 
 from hybridspec.drafter.protocol import DeviceDrafter
 from hybridspec.patches.forward import EAGER, Blocks, empty_state
+from hybridspec.round.accept import process_positions
 from hybridspec.round.cond import CondVerify
 from hybridspec.round.emit import emit
 from hybridspec.round.prefill import start
@@ -140,8 +141,6 @@ class Runner:
                 self.step = CapturedStep(self._step_fn, self.device, self._enforce_eager)
                 self._drafter_buffers = self._drafter_pointers()
         if logits_processor is not None:
-            from hybridspec.round.accept import process_positions
-
             def process(logits, drafts):
                 return process_positions(logits_processor, input_ids, drafts, logits)
         else:
