@@ -15,9 +15,10 @@ from transformers.generation import logits_process
 
 from hybridspec.cache import BoundedCache
 from hybridspec.calibration.artifact import Calibration, current_device_name, runtime_versions
+from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
 from hybridspec.generation.loop import hybridspec_decode
 from hybridspec.generation.options import POLICIES, HybridSpecOptions
-from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
+from hybridspec.inputs import check_input_ids
 from hybridspec.patches import family_of
 from hybridspec.policy import FixedPolicy, default_policy, from_calibration
 from hybridspec.runner.decode import release_runner
@@ -134,8 +135,6 @@ def _check_request(model, args, kwargs) -> None:
     for name in ("output_attentions", "output_hidden_states"):
         if merged.get(name):
             raise ValueError(f"{name}=True is not supported with hybridspec=True")
-    from hybridspec.inputs import check_input_ids
-
     check_input_ids(model, args[0] if args else kwargs.get("input_ids", kwargs.get("inputs")))
     mask = kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):

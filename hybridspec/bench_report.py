@@ -22,7 +22,7 @@ COLUMNS = (
     ("exact_match_rate", "exact vs AR", "fraction of prompts whose continuation equals AR (ours) token for token; "
                                         "n/a under forced acceptance, which emits the AR continuation by construction"),
     ("layer0_experts_per_round", "L0 experts", "mean distinct Layer-0 experts per round (what the routing "
-                                               "correction reads); '-' on the reference loop, which does not count"),
+                                               "correction reads); '-' where Layer 0 has no router boundary"),
     ("distinct_token_ratio", "distinct tok", f"mean fraction of distinct tokens in a continuation; below {LOOP_RATIO} "
                                              "it loops (random weights do)"),
     ("noisy", "flag", f"NOISY: the ratio is not meaningful: tokens/s spread (this row's or AR's) over "

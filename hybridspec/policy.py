@@ -37,7 +37,7 @@ class Constants(dict):
     from the host, which a CUDA-graph capture forbids, so the runner's warm-up round builds them
     before capture; they live as long as the policy, so a captured graph never reads a freed one."""
 
-    def get(self, values: tuple, device) -> torch.Tensor:
+    def tensor(self, values: tuple, device) -> torch.Tensor:
         key = (values, torch.device(device))
         if key not in self:
             self[key] = torch.tensor(values, device=device)
@@ -75,9 +75,9 @@ class LengthPolicy:
         top = min(D + 1, len(self.cost))
         if top <= 1:
             return torch.ones(B, dtype=torch.long, device=prefix.device)
-        ws = self.constants.get(tuple(range(2, top + 1)), prefix.device)
+        ws = self.constants.tensor(tuple(range(2, top + 1)), prefix.device)
         gain = expected_tokens(prefix)[:, ws - 1]
-        score = gain - self.rho * self.constants.get(self.cost[1:top], prefix.device)
+        score = gain - self.rho * self.constants.tensor(self.cost[1:top], prefix.device)
         score = score.masked_fill(ws > cap[:, None], float("-inf"))
         # argmax returns the first maximum: ties go to the shorter length
         return torch.where(cap < 2, cap.clamp(min=1), ws[score.argmax(dim=-1)])
@@ -230,9 +230,9 @@ class RatioPolicy:
         usable = tuple(w for w in self.lengths if w <= D + 1)
         if not usable:
             return Selection(cap.clamp(1, D + 1), prefix)
-        ws = self.constants.get(usable, prefix.device)
+        ws = self.constants.tensor(usable, prefix.device)
         gain = expected_tokens(prefix)[:, ws - 1]
-        time = self.fixed_ms + self.constants.get(tuple(self.cost[w - 1] for w in usable), prefix.device)
+        time = self.fixed_ms + self.constants.tensor(tuple(self.cost[w - 1] for w in usable), prefix.device)
         ratio = (gain / time).masked_fill(ws > cap[:, None], float("-inf"))
         # a budget below the smallest candidate verifies what is left
         short = cap < min(usable)

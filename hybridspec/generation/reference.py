@@ -65,9 +65,10 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
             recorder.begin()
         budget = torch.full((seq.shape[0],), max_len - seq.shape[1], dtype=torch.long, device=seq.device)
         r = rnd(seq, budget, process)
-        m, empty = (torch.stack([r.accepted[0] + 1, r.empty[0]]).tolist())
-        kept, done = emit(r.tokens[0, :m].tolist(), empty, take_from(r.tokens, r.processed, r.logits))
-        w, w0, layer0 = torch.stack([r.w[0], r.w0[0], r.layer0[0]]).tolist()
+        # the round's one read after verifying: its lengths and the emitted tokens, together
+        m, empty, w, w0, layer0, *tokens = torch.cat(
+            [torch.stack([r.accepted[0] + 1, r.empty[0], r.w[0], r.w0[0], r.layer0[0]]), r.tokens[0]]).tolist()
+        kept, done = emit(tokens[:m], empty, take_from(r.tokens, r.processed, r.logits))
         stats.record(w, w0, kept, layer0)
         if recorder is not None:
             recorder.end(r.block, w, kept, r.routing, done)

@@ -20,8 +20,15 @@ def prefill(model, input_ids, taps):
     # transformers 5.24 renamed `past_key_values` to `cache` in forward signatures
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids, use_cache=True, output_hidden_states=bool(taps), logits_to_keep=1, **{name: cache})
-    feats = torch.cat([out.hidden_states[i + 1] for i in taps], -1) if taps else input_ids.new_zeros(*input_ids.shape, 0)
+    feats = tap_features(out.hidden_states, taps) if taps else input_ids.new_zeros(*input_ids.shape, 0)
     return out.logits[:, -1].float(), cache, feats
+
+
+def tap_features(hidden_states, taps) -> torch.Tensor:
+    """The drafter's features from a transformers forward's `hidden_states`: tap i is the output of
+    layer i, `hidden_states[i + 1]` (the last layer's is final-normed there), concatenated in the
+    drafter's order."""
+    return torch.cat([hidden_states[i + 1] for i in taps], -1)
 
 
 @torch.no_grad()

@@ -83,16 +83,17 @@ class RoundResult(NamedTuple):
 
 class Round:
     """The round of one (target, state, drafter, policy, sampler). `exact`: verify exactly w rows
-    (one host read per round: the reference loop) instead of the fixed `W`. `cond`: verify in
-    per-length `torch.cond` branches (`hybridspec.round.cond.CondVerify`) instead of the fixed
-    shape. `record_routing`: keep every MoE layer's expert ids (calibration)."""
+    (one host read per round: the reference loop) instead of the fixed `W`. `record_routing`: keep
+    every MoE layer's expert ids (calibration). Setting `cond` (a `hybridspec.round.cond.CondVerify`
+    built for `two_stage`) verifies in per-length `torch.cond` branches instead of the fixed shape."""
 
     def __init__(self, target: Target, state: HybridState, drafter: Drafter, policy: Policy, sampler: Sampler,
-                 exact: bool = False, cond=None, record_routing: bool = False):
+                 exact: bool = False, record_routing: bool = False):
         if record_routing and not exact:
             raise ValueError("recording routing needs the exact rows of the reference loop")
         self.target, self.state, self.drafter, self.policy, self.sampler = target, state, drafter, policy, sampler
-        self.exact, self.cond, self.record_routing = exact, cond, record_routing
+        self.exact, self.record_routing = exact, record_routing
+        self.cond = None
         device = state.gdn_states.device
         if policy.correction is not None and not target.split:
             warnings.warn(f"hybridspec: Layer 0 of this target is not GDN + sparse MoE, so policy={policy.name!r} "

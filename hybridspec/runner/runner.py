@@ -86,11 +86,10 @@ class Runner:
         self.io = RoundIO.allocate(self.width, self.device)
         self.round = None
         if drafter is not None:
-            cond = None
+            self.round = Round(self.target, self.state, drafter, policy, self.sampler)
             if dispatch == "cond":
-                two_stage = self.target.split and policy.two_stage
-                cond = CondVerify(self.target.family, model, self.state, taps, drafter.block_size, two_stage)
-            self.round = Round(self.target, self.state, drafter, policy, self.sampler, cond=cond)
+                self.round.cond = CondVerify(self.target.family, model, self.state, taps, drafter.block_size,
+                                             self.round.two_stage)
         self._step_fn = self._spec_step if drafter is not None else self._ar_step
         self._enforce_eager = enforce_eager
         self.step = CapturedStep(self._step_fn, self.device, enforce_eager)

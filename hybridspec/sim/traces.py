@@ -117,7 +117,7 @@ class TraceAcceptance:
         return {"trace": self.trace.source, "rounds": int(self.trace.accepted.shape[0]), "sha256": self.trace.digest}
 
     def draw(self, truth: torch.Tensor, known: torch.Tensor, vocab_size: int) -> ReplayRound:
-        self.prepare(truth.device)
+        """Round r's draws (after `prepare`, which the replay drafter's reset calls)."""
         B, D = truth.shape
         R, Dt = self._confidence.shape
         if Dt < D:

@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from hybridspec.round.prefill import tap_features as taps_of
+
 TEXT_KEYS = ("text", "prompt")
 
 
@@ -101,5 +103,5 @@ def tap_features(model, input_ids: torch.Tensor, layer_ids, batch: int, device, 
     for i in tqdm(range(0, input_ids.shape[0], batch), desc="target taps", unit="batch"):
         ids = input_ids[i : i + batch].to(next(model.parameters()).device)
         out = model(ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
-        feats.append(torch.cat([out.hidden_states[j + 1] for j in layer_ids], -1).to(device=device, dtype=dtype))
+        feats.append(taps_of(out.hidden_states, layer_ids).to(device=device, dtype=dtype))
     return torch.cat(feats)
