@@ -86,7 +86,8 @@ def cost_figure(calibration, result: dict):
     if s.get("noisy"):
         fit = f"NOISY FIT: {s.get('noisy_reason')}"
     ax.set_title(_title(f"cost curve C(w) and distinct experts: {_what(result)}",
-                        f"calibration drafter: {s.get('drafter', '?')}", fit), fontsize=9)
+                        f"calibration drafter: {s.get('drafter', '?')}; {result['acceptance']['label']}", fit),
+                 fontsize=9)
     return fig
 
 

@@ -151,6 +151,8 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
             drafter=drafter if isinstance(drafter, str) else type(drafter).__name__,
             cpu_threads=torch.get_num_threads() if dev.type == "cpu" else None,
             accept_rule=None if accept is None else type(accept).__name__,
+            # the acceptance model and rho were fitted on simulated rounds (replay drafter or forced rule)
+            simulated=is_replay(draft) or accept is not None,
             **drafter_identity(draft),
         ),
     )

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import torch
 
+from hybridspec.cache import BoundedCache
 from hybridspec.ops import GDNFactors
 from hybridspec.patches.common import attention_verify, is_sparse_moe, moe_apply, moe_verify, route
 from hybridspec.state import MAX_VERIFY, GDNSlot, HybridState
@@ -157,14 +158,13 @@ class Blocks(NamedTuple):
     @classmethod
     def compiled(cls) -> Blocks:
         """The compiled blocks, built once per process (compiled on first call per shape)."""
-        global _COMPILED
-        if _COMPILED is None:
-            _COMPILED = cls(torch.compile(gdn_block, dynamic=False), torch.compile(attention_block, dynamic=False))
-        return _COMPILED
+        return _COMPILED.get(
+            "blocks", lambda: cls(torch.compile(gdn_block, dynamic=False), torch.compile(attention_block, dynamic=False)))
 
 
 EAGER = Blocks()
-_COMPILED: Blocks | None = None
+# one entry: every runner shares the compiled blocks, so dynamo compiles each layer kind once
+_COMPILED = BoundedCache(1)
 
 
 def _layers(family, model, h, start: int, state: HybridState, taps, routing, tapped: dict | None = None,
