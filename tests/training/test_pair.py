@@ -14,8 +14,9 @@ from hybridspec import DFlashDrafter
 
 PAIR = Path(__file__).resolve().parents[2] / "assets" / "pair"
 PROMPTS, NEW_TOKENS = 16, 64
-# a drafter that learned nothing accepts ~1.0 token per round; this guards the committed one
-TRAINED_FLOOR = 1.5
+# issue 17's bar: mean tokens per verification round over the held-out prompts (the committed
+# drafter measures 3.54 with both settings, docs/pair.md; a drafter that learned nothing, ~1.0)
+ACCEPTANCE_BAR = 3.0
 MiB = 1 << 20
 
 
@@ -65,7 +66,5 @@ def test_greedy_speculation_is_exact_and_accepts(pair, verify_length):
         if stats.rounds:
             lengths.append(stats.mean_acceptance_length)
     mean = sum(lengths) / len(lengths)
-    # issue 17 asks for 3.0; the committed drafter measures 2.19 / 2.22 (under-trained, docs/pair.md),
-    # so this guards what it reaches rather than the bar it misses
     print(f"mean acceptance length {mean:.2f} over {len(lengths)} prompts")
-    assert mean >= TRAINED_FLOOR, f"mean acceptance length {mean:.2f}: the drafter drafts nothing useful"
+    assert mean >= ACCEPTANCE_BAR, f"mean acceptance length {mean:.2f} < {ACCEPTANCE_BAR}"
