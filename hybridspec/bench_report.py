@@ -24,7 +24,7 @@ COLUMNS = (
     ("layer0_experts_per_round", "L0 experts", "mean distinct Layer-0 experts per round (what the routing "
                                                "correction reads); '-' where Layer 0 has no router boundary"),
     ("distinct_token_ratio", "distinct tok", f"mean fraction of distinct tokens in a continuation; below {LOOP_RATIO} "
-                                             "it loops (random weights do)"),
+                                             "it loops (random weights do, and a small trained target's greedy code often does)"),
     ("noisy", "flag", f"NOISY: the ratio is not meaningful: tokens/s spread (this row's or AR's) over "
                       f"{NOISY_SPREAD:.0%}, or the calibration's cost fit is noisy; bench.json says which"),
 )
@@ -91,7 +91,7 @@ def print_table(result: dict) -> None:
     print(f"verification state: {m['ours_bytes'] / 1e6:.3g} MB vs the stock per-token states "
           f"{m['stock_per_token_state_bytes'] / 1e6:.4g} MB per request slot ({m['ratio']:.0f}x)")
     if result["looping"]:
-        print(f"note: random-weight continuations loop (distinct-token ratio < {LOOP_RATIO}) for: "
+        print(f"note: the continuations loop (distinct-token ratio < {LOOP_RATIO}; repetitive text is easy to draft) for: "
               + ", ".join(result["looping"]))
     if "note" in result:
         print(f"note: {result['note']}")
