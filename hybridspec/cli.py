@@ -73,6 +73,9 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
                         "CUDA, 3 on the CPU)")
     p.add_argument("--seed", type=int, default=0, help="seeds the prompt split and the replay draws")
     p.add_argument("--cpu-threads", type=positive_int, default=1, help=CPU_THREADS_HELP)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1], choices=[1, 2, 4],
+                   help="batch sizes to measure: each size beyond 1 adds its batched round times, rho, routing "
+                        "means and best fixed length (batched generate needs its size; a batch of 3 uses 4)")
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:

@@ -188,9 +188,12 @@ class DeviceReplayDrafter(_Wrapping):
 
     def _load(self, batch_size: int, rows: int) -> None:
         cont = self.continuation.reshape(-1, self.continuation.shape[-1])
-        if cont.shape[0] not in (1, batch_size):
+        if cont.shape[0] > batch_size:
             raise ValueError(f"continuation {tuple(self.continuation.shape)} has {cont.shape[0]} rows for a batch of "
                              f"{batch_size}")
+        # rows past the continuation's (one for every row, or the filler row of a batch of 3 run
+        # as 4, a copy of row 0) replay row 0's
+        cont = torch.cat([cont, cont[:1].expand(batch_size - cont.shape[0], -1)])
         device = self.drafter.fc.weight.device
         rows = max(rows, 1)
         if (self._truth is None or self._truth.shape[0] != batch_size or self._truth.shape[1] < rows
@@ -201,7 +204,7 @@ class DeviceReplayDrafter(_Wrapping):
         if self.acceptance is not None:
             self.acceptance.prepare(device)
         n = min(cont.shape[1], self._truth.shape[1])
-        self._truth[:, :n].copy_(cont[:, :n].expand(batch_size, n))
+        self._truth[:, :n].copy_(cont[:, :n])
         self._known.fill_(n)
 
     def propose(self, sequence: torch.Tensor) -> DraftBlock:
