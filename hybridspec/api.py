@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from transformers import GenerationMixin
 from transformers.generation import logits_process
 
 from hybridspec.cache import BoundedCache
 from hybridspec.calibration.artifact import Calibration, current_device_name, runtime_versions
+from hybridspec.drafter.protocol import DeviceDrafter
 from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
 from hybridspec.generation.loop import hybridspec_decode
-from hybridspec.generation.options import POLICIES, HybridSpecOptions
-from hybridspec.inputs import check_input_ids
+from hybridspec.generation.options import BATCH_POLICIES, POLICIES, HybridSpecOptions
+from hybridspec.inputs import check_attention_mask, check_input_ids
 from hybridspec.patches import family_of
 from hybridspec.policy import FixedPolicy, default_policy, from_calibration
 from hybridspec.runner.decode import release_runner
@@ -52,7 +55,10 @@ def enable(model):
 
     With `return_dict_in_generate=True` the output also has `hybridspec_stats` (per-round
     `verify_lengths`, `nominal_lengths`, `accepted`; `rounds`, `mean_acceptance_length`,
-    `decode_seconds`). Batch size one; beam search and padded inputs raise. `disable(model)` undoes it.
+    `decode_seconds`). Batches of 1 to 4 rows, left-padded with an `attention_mask` (what tokenizers
+    give with `padding_side="left"`); more rows, right padding and beam search raise. At batch size
+    2 and more, one length serves the whole batch per round: `verify_length`, `policy="hybridspec"` or
+    `"static"`. `disable(model)` undoes it.
     """
     family_of(model)
     if getattr(model, _ORIGINAL, None) is None:
@@ -86,9 +92,12 @@ def _generate(model, *args, hybridspec: bool = False, verify_length: int | None 
     drafter = kwargs.pop("assistant_model", None)
     if drafter is None:
         raise ValueError("hybridspec=True needs a drafter: generate(..., assistant_model=drafter, hybridspec=True)")
-    _check_request(model, args, kwargs)
+    batch_size = _check_request(model, args, kwargs)
     drafter.bind(model)
-    length_policy = _policy(model, drafter, verify_length, policy, calibration)
+    if batch_size > 1 and not isinstance(drafter, DeviceDrafter):
+        raise ValueError(f"batched decoding drafts every row on the device: {type(drafter).__name__} drafts on the "
+                         "host (a DeviceDrafter, e.g. hybridspec.DFlashDrafter, decodes batches)")
+    length_policy = _policy(model, drafter, verify_length, policy, calibration, batch_size)
     options = HybridSpecOptions(drafter=drafter, policy=length_policy, streamer=kwargs.get("streamer"),
                                 recorder=hybridspec_recorder, accept=hybridspec_accept, enforce_eager=bool(enforce_eager),
                                 reference_loop=bool(reference_loop))
@@ -96,9 +105,10 @@ def _generate(model, *args, hybridspec: bool = False, verify_length: int | None 
                                     hybridspec_options=options, **kwargs)
 
 
-def _policy(model, drafter, verify_length, policy, calibration):
+def _policy(model, drafter, verify_length, policy, calibration, batch_size: int = 1):
     """The length policy of one call: a fixed `verify_length`, or `policy` (default "hybridspec"),
-    calibrated when `calibration` (an artifact path or a `Calibration`) is given."""
+    calibrated when `calibration` (an artifact path or a `Calibration`) is given. At batch size 2
+    and more (a batch of 3 uses the batch-4 calibration) one length per round serves the batch."""
     top = min(drafter.block_size, MAX_VERIFY)
     if verify_length is not None:
         if policy is not None or calibration is not None:
@@ -109,24 +119,29 @@ def _policy(model, drafter, verify_length, policy, calibration):
     policy = policy or "hybridspec"
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if batch_size > 1 and policy not in BATCH_POLICIES:
+        raise ValueError(f"policy={policy!r} is not supported for a batch of {batch_size}: batched rounds share one "
+                         f"length, chosen by verify_length= or policy= one of {BATCH_POLICIES}")
+    size = 4 if batch_size == 3 else batch_size
     if calibration is None:
         if policy in ("static", "dcut", "evict"):
             raise ValueError(f"policy={policy!r} needs profiled costs: run `hybridspec calibrate` and pass "
                              "generate(..., calibration=path)")
-        return default_policy(policy, top)
+        return default_policy(policy, top, size)
     if not isinstance(calibration, Calibration):
         calibration = Calibration.load(calibration)
     device = model.get_output_embeddings().weight.device
     calibration.check(target_fingerprint(model), drafter_fingerprint(drafter), current_device_name(device),
                       runtime_versions())
-    # one policy object per (artifact, name, length): the runner cache recognises it on the next
-    # call. The entry holds the artifact too, so its id is not reused while the entry lives.
-    entry = _CALIBRATED.get((id(calibration), policy, top),
-                            lambda: (calibration, from_calibration(policy, calibration, top)))
+    # one policy object per (artifact, name, length, batch size): the runner cache recognises it on
+    # the next call. The entry holds the artifact too, so its id is not reused while the entry lives.
+    entry = _CALIBRATED.get((id(calibration), policy, top, size),
+                            lambda: (calibration, from_calibration(policy, calibration, top, size)))
     return entry[1]
 
 
-def _check_request(model, args, kwargs) -> None:
+def _check_request(model, args, kwargs) -> int:
+    """Checks of the call before transformers prepares it; returns its batch size."""
     config = kwargs.get("generation_config") or model.generation_config
     merged = {**config.to_dict(), **kwargs}
     for name in ("num_beams", "num_return_sequences"):
@@ -135,10 +150,19 @@ def _check_request(model, args, kwargs) -> None:
     for name in ("output_attentions", "output_hidden_states"):
         if merged.get(name):
             raise ValueError(f"{name}=True is not supported with hybridspec=True")
-    check_input_ids(model, args[0] if args else kwargs.get("input_ids", kwargs.get("inputs")))
-    mask = kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.all()):
-        raise ValueError("padded inputs (attention_mask with zeros) are not supported with hybridspec=True")
+    inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
+    check_input_ids(model, inputs)
+    check_attention_mask(kwargs.get("attention_mask"))
+    batch_size = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 else 1
+    if batch_size > 1:
+        if kwargs.get("streamer") is not None:
+            # transformers' own streamers refuse batches; say so before any work
+            raise ValueError("streamers only support batch size 1 (transformers' TextStreamer), got a batch of "
+                             f"{batch_size}")
+        for name in ("output_scores", "output_logits"):
+            if merged.get(name):
+                raise ValueError(f"{name}=True is not supported with hybridspec=True for a batch (rows advance by "
+                                 "different numbers of tokens per round); decode the rows one at a time")
     for proc in kwargs.get("logits_processor") or []:
         if isinstance(proc, _UNSUPPORTED_PROCESSORS):
             raise ValueError(f"{type(proc).__name__} cannot be applied per verified position")
@@ -146,3 +170,4 @@ def _check_request(model, args, kwargs) -> None:
         raise ValueError("guidance_scale (classifier-free guidance) is not supported with hybridspec=True")
     if merged.get("watermarking_config") is not None:
         raise ValueError("watermarking_config is not supported with hybridspec=True")
+    return batch_size

@@ -1,6 +1,8 @@
 """`hybridspec bench`: the end-to-end table, every method side by side in one run.
 
-Rows, on the same prompts and output lengths: autoregressive decoding on our runner; transformers'
+Rows, on the same prompts and output lengths: autoregressive decoding on our runner (batched with
+`--batch-size 2|4`: left-padded batches, tokens/s the total over the batch, and only the methods
+batched rounds support: vanilla DFlash, static, HybridSpec); transformers'
 `generate(cache_implementation="static")` (its compiled AR; CUDA only, compile warm-up excluded);
 vanilla DFlash (w = 16); the calibrated static length; HybridSpec nominal-only; HybridSpec full;
 D-Cut; EVICT. With a replay drafter (`--replay`, the default for `--shape` and `--tiny`) the
@@ -148,52 +150,90 @@ def transformers_static(model, prompts, new):
 
 
 class _Passes:
-    """One timed pass over the prompts per call, for each kind of row."""
+    """One timed pass over the prompts per call, for each kind of row. With `batch_size` B > 1 the
+    prompts go in left-padded batches of B (`batches`), each decoded as one batched call; the
+    continuations are per row (B per batch) and the seconds per batch."""
 
-    def __init__(self, model, drafter, prompts, new, eos, seed, replay):
+    def __init__(self, model, drafter, prompts, new, eos, seed, replay, batch_size: int = 1):
         self.model, self.drafter, self.prompts, self.new, self.eos = model, drafter, prompts, new, eos
-        self.seed, self.replay = seed, replay
+        self.seed, self.replay, self.batch_size = seed, replay, batch_size
+        self.batches = batched(prompts, batch_size)
         self.ar_outs = None
         self.runner = None
 
     def ar(self):
-        """Our runner's AR: continuations and decode seconds per prompt."""
+        """Our runner's AR (batched at B > 1): continuations per row and decode seconds per batch."""
+        from hybridspec.round.stopping import HostStopping
         from hybridspec.runner import Runner
 
         if self.runner is None:
-            self.runner = Runner(self.model, capacity=max(p.shape[1] for p in self.prompts) + self.new)
-        self.runner.generate(self.prompts[0], min(8, self.new), eos_token_id=self.eos)
+            self.runner = Runner(self.model, capacity=max(ids.shape[1] for ids, _ in self.batches) + self.new,
+                                 batch_size=self.batch_size)
+        eos = set(torch.as_tensor(self.eos).flatten().tolist()) if self.eos is not None else set()
         outs, seconds = [], []
-        for p in self.prompts:
-            out, stats = self.runner.generate(p, self.new, eos_token_id=self.eos)
-            outs.append(out[0, p.shape[1]:])
-            seconds.append(stats.decode_seconds)
+        for n, (ids, mask) in enumerate([self.batches[0]] + self.batches):
+            P = ids.shape[1]
+            new = min(8, self.new) if n == 0 else self.new
+            first, _ = self.runner.start(ids, None, mask, None if mask is None else _positions(mask))
+            rows, stats = self.runner.decode_batch(P, first[:, 0].tolist(), HostStopping(P + new, eos, []))
+            if n > 0:
+                outs.extend(torch.tensor(r, device=ids.device) for r in rows)
+                seconds.append(stats.decode_seconds)
         return outs, seconds, None
 
     def speculative(self, kwargs):
-        """One method's continuations, decode seconds and statistics per prompt, after a short
-        warm-up call (the method's runner is captured, on CUDA, outside the timed calls)."""
+        """One method's continuations (per row), decode seconds and statistics per batch, after a
+        short warm-up call (the method's runner is captured, on CUDA, outside the timed calls)."""
         outs, seconds, stats = [], [], []
         self._generate(0, dict(kwargs, max_new_tokens=min(8, self.new)))
-        for i in range(len(self.prompts)):
+        for i, (ids, _) in enumerate(self.batches):
             res = self._generate(i, dict(kwargs, max_new_tokens=self.new))
-            outs.append(res.sequences[0, self.prompts[i].shape[1]:])
+            # a finished row's tail is padding: its own tokens end at its EOS (none without EOS)
+            outs.extend(res.sequences[:, ids.shape[1]:].unbind(0))
             seconds.append(res.hybridspec_stats.decode_seconds)
             stats.append(res.hybridspec_stats)
         return outs, seconds, stats
 
     def _generate(self, i, kwargs):
+        ids, mask = self.batches[i]
+        B = self.batch_size
         if self.replay:
-            self.drafter.continuation = self.ar_outs[i]
-        # the evaluation's draws: one seed per prompt, the same for every method and repeat
+            rows = self.ar_outs[i * B: (i + 1) * B]
+            self.drafter.continuation = rows[0] if B == 1 else torch.stack(rows)
+        # the evaluation's draws: one seed per batch, the same for every method and repeat
         torch.manual_seed(self.seed * 1000 + i)
         # warnings (runner fallbacks, calibration mismatches) are left to show: none is expected here
-        return self.model.generate(self.prompts[i], assistant_model=self.drafter, hybridspec=True, do_sample=False,
-                                   eos_token_id=self.eos, return_dict_in_generate=True, **kwargs)
+        extra = {} if mask is None else dict(attention_mask=mask, pad_token_id=0)
+        return self.model.generate(ids, assistant_model=self.drafter, hybridspec=True, do_sample=False,
+                                   eos_token_id=self.eos, return_dict_in_generate=True, **extra, **kwargs)
 
 
-def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, calibration_noise=None):
-    """`seconds`: per repeat, decode seconds per prompt; `ar`: the AR row (None for AR itself)."""
+def batched(prompts, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """`[1, P_i]` prompts -> batches `([B, P], attention_mask or None)`, left-padded with 0 where the
+    lengths differ (a last partial batch is dropped)."""
+    out = []
+    for i in range(0, len(prompts) - batch_size + 1, batch_size):
+        group = prompts[i: i + batch_size]
+        P = max(p.shape[1] for p in group)
+        if all(p.shape[1] == P for p in group):
+            out.append((torch.cat(group), None))
+            continue
+        ids = torch.zeros(len(group), P, dtype=torch.long, device=group[0].device)
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(group):
+            ids[b, P - p.shape[1]:], mask[b, P - p.shape[1]:] = p[0], 1
+        out.append((ids, mask))
+    return out
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """transformers' `position_ids` for a left-padded text batch (`cumsum(mask) - 1`, 0 on padding)."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, calibration_noise=None, batch_size=1):
+    """`seconds`: per repeat, decode seconds per prompt (per batch at B > 1: tokens/s is then the
+    total over the batch's rows); `ar`: the AR row (None for AR itself)."""
     tokens = sum(len(o) - 1 for o in outs)
     rates = [tokens / sum(s) for s in seconds]
     ar_rates = rates if ar is None else ar["tokens_per_s_repeats"]
@@ -204,7 +244,7 @@ def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, cal
     distinct = [len(set(o.tolist())) / max(1, len(o)) for o in outs]
     reasons = noise_reasons(rates, None if ar is None else ar_rates, calibration_noise)
     row = dict(
-        method=name, simulated=simulated, tokens_per_s=statistics.median(rates), tokens_per_s_repeats=rates,
+        method=name, batch_size=batch_size, simulated=simulated, tokens_per_s=statistics.median(rates), tokens_per_s_repeats=rates,
         spread=spread(rates), speedup_vs_ar=statistics.median(ratios), speedup_vs_ar_range=[min(ratios), max(ratios)],
         # forced acceptance emits the AR continuation: agreement would be 1 by construction
         exact_match_rate=None if forced else float(np.mean(same)),
@@ -225,19 +265,21 @@ def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, cal
     return row
 
 
-def _memory(model, drafter) -> dict:
+def _memory(model, drafter, batch_size: int = 1) -> dict:
     """Bytes the verification state needs beyond the committed state, vs the stock verifier's
-    per-token states (16 rows x GDN layers x HV x K x V x 4 B per request slot)."""
+    per-token states (16 rows x GDN layers x HV x K x V x 4 B per request slot): per request, and
+    for the batch (B request slots)."""
     from hybridspec.patches import family_of
     from hybridspec.patches.forward import empty_state
 
     family = family_of(model)
     cfg = family.text_config(model)
-    state = empty_state(family, model, 1, 1, "meta")
-    ours = sum(t.numel() * t.element_size() for t in (*state.factors, state.conv_inputs))
+    state = empty_state(family, model, batch_size, 1, "meta")
+    ours = sum(t.numel() * t.element_size() for t in (*state.factors, state.conv_inputs)) // batch_size
     gdn = sum(t == "linear_attention" for t in cfg.layer_types)
     stock = drafter.block_size * gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
-    return dict(ours_bytes=ours, stock_per_token_state_bytes=stock, ratio=stock / ours)
+    return dict(ours_bytes=ours, stock_per_token_state_bytes=stock, ratio=stock / ours, batch_size=batch_size,
+                batch_ours_bytes=ours * batch_size, batch_stock_per_token_state_bytes=stock * batch_size)
 
 
 def _acceptance(replay: bool, forced, traces: str | None = None) -> dict:
@@ -287,10 +329,12 @@ def run(args) -> dict:
     model, drafter, replay, forced, what = _models(args, device)
     hybridspec.enable(model)
     print(f"models: {what} ({time.perf_counter() - t0:.0f} s)")
-    eval_prompts, calib_prompts = _prompts(args, model, device, args.num_prompts, args.seed)
+    B = getattr(args, "batch_size", 1) or 1
+    # --num-prompts counts batches: B prompts each
+    eval_prompts, calib_prompts = _prompts(args, model, device, args.num_prompts * B, args.seed)
     new = args.max_new_tokens
     eos = None if replay else model.generation_config.eos_token_id
-    passes = _Passes(model, drafter, eval_prompts, new, eos, args.seed, replay)
+    passes = _Passes(model, drafter, eval_prompts, new, eos, args.seed, replay, B)
     # the first AR pass gives the continuations the replay drafter replays and every row is compared to
     ar_first = passes.ar()
     passes.ar_outs = ar_first[0]
@@ -302,12 +346,14 @@ def run(args) -> dict:
         print("calibrating (on prompts of their own, seed", args.seed + 1, ")")
         calibration = calibrate(model, drafter, calib_prompts, str(out / "calibration.json"),
                                 max_new_tokens=args.calibration_tokens, device=str(device), seed=args.seed + 1,
-                                accept=forced)
+                                accept=forced, batch_sizes=(1,) if B == 1 else (1, B))
     calib_noise = calibration_noise(calibration)
 
     absent = {}
     runs = {AR: passes.ar}
-    if device.type != "cuda":
+    if B > 1:
+        absent[HF] = f"batched run (B = {B}): the transformers static AR row is measured at batch size 1"
+    elif device.type != "cuda":
         absent[HF] = f"transformers' compiled static-cache AR runs on CUDA only; this run is on {device.type}"
     elif args.skip_transformers:
         absent[HF] = "left out by --skip-transformers"
@@ -315,6 +361,11 @@ def run(args) -> dict:
         static = StaticAR(model, eval_prompts, new)
         runs[HF] = static
     methods = list(METHODS)
+    if B > 1:
+        # batched rounds share one length: a fixed length, "static" or "hybridspec"
+        absent.update({name: f"not supported at batch size {B} (batched rounds: fixed length, static, HybridSpec)"
+                       for name, kw in methods if kw.get("policy") not in (None, "static", "hybridspec")})
+        methods = [(name, kw) for name, kw in methods if name not in absent]
     if forced is not None:
         # the same policy with the target's own acceptance: what exactness looks like on these weights
         methods.append(("HybridSpec, target acceptance", dict(policy="hybridspec", forced=False)))
@@ -339,7 +390,7 @@ def run(args) -> dict:
             seconds[name].append(secs)
             results[name] = (outs, stats)
         print(f"  repeat {r + 1}/{repeats} done ({time.perf_counter() - t0:.0f} s)")
-    ar_row = _row(AR, results[AR][0], seconds[AR], None)
+    ar_row = _row(AR, results[AR][0], seconds[AR], None, batch_size=B)
     ar_row["outs"] = results[AR][0]
     rows = [ar_row]
     if HF in runs:
@@ -348,7 +399,7 @@ def run(args) -> dict:
         rows[-1].update(compile_warmup_s=static.warmup_s, fla_importable=importlib.util.find_spec("fla") is not None)
     for name in meta:
         outs, stats = results[name]
-        rows.append(_row(name, outs, seconds[name], ar_row, stats, **meta[name]))
+        rows.append(_row(name, outs, seconds[name], ar_row, stats, batch_size=B, **meta[name]))
     del ar_row["outs"]
 
     result = dict(
@@ -358,9 +409,10 @@ def run(args) -> dict:
         cpu_threads=torch.get_num_threads() if device.type == "cpu" else None,
         versions=runtime_versions(), fla_importable=importlib.util.find_spec("fla") is not None,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), repeats=repeats, noisy_spread=NOISY_SPREAD,
+        batch_size=B, tokens_per_s_over="the batch (every row's tokens)" if B > 1 else "the request",
         prompts=len(eval_prompts), prompt_tokens=[p.shape[1] for p in eval_prompts], max_new_tokens=new,
         rows=rows, absent_rows=absent, columns={key: note for key, _, note in COLUMNS},
-        noisy_rows=[r["method"] for r in rows if r["noisy"]], memory=_memory(model, drafter),
+        noisy_rows=[r["method"] for r in rows if r["noisy"]], memory=_memory(model, drafter, B),
         calibration_summary=calibration.summary, calibration_noisy=calib_noise,
         looping=[r["method"] for r in rows if r["distinct_token_ratio"] < LOOP_RATIO],
         seconds=time.perf_counter() - t0,

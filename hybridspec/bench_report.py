@@ -72,7 +72,9 @@ def calibration_noise(calibration) -> str | None:
 def print_table(result: dict) -> None:
     cells = [[h for _, h, _ in COLUMNS]] + [[_cell(key, r.get(key), r) for key, _, _ in COLUMNS] for r in result["rows"]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    print(f"\nhybridspec bench, {result['label']}: {result['models']} on {result['device']}, "
+    batch = result.get("batch_size", 1)
+    rows = f"batch size {batch} (tokens/s: total over the batch), " if batch > 1 else ""
+    print(f"\nhybridspec bench, {result['label']}: {result['models']} on {result['device']}, {rows}"
           f"{result['prompts']} prompts x {result['max_new_tokens']} new tokens, median of {result['repeats']} repeats")
     for i, row in enumerate(cells):
         print(" | ".join(c.rjust(w) for c, w in zip(row, widths)))
@@ -89,7 +91,9 @@ def print_table(result: dict) -> None:
         print(f"acceptance: {result['acceptance']['description']}")
     m = result["memory"]
     print(f"verification state: {m['ours_bytes'] / 1e6:.3g} MB vs the stock per-token states "
-          f"{m['stock_per_token_state_bytes'] / 1e6:.4g} MB per request slot ({m['ratio']:.0f}x)")
+          f"{m['stock_per_token_state_bytes'] / 1e6:.4g} MB per request slot ({m['ratio']:.0f}x)"
+          + (f"; for the batch of {m['batch_size']}: {m['batch_ours_bytes'] / 1e6:.3g} MB vs "
+             f"{m['batch_stock_per_token_state_bytes'] / 1e6:.4g} MB" if m.get("batch_size", 1) > 1 else ""))
     if result["looping"]:
         print(f"note: the continuations loop (distinct-token ratio < {LOOP_RATIO}; repetitive text is easy to draft) for: "
               + ", ".join(result["looping"]))

@@ -73,6 +73,9 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
                         "CUDA, 3 on the CPU)")
     p.add_argument("--seed", type=int, default=0, help="seeds the prompt split and the replay draws")
     p.add_argument("--cpu-threads", type=positive_int, default=1, help=CPU_THREADS_HELP)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1], choices=[1, 2, 4],
+                   help="batch sizes to measure: each size beyond 1 adds its batched round times, rho, routing "
+                        "means and best fixed length (batched generate needs its size; a batch of 3 uses 4)")
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -108,6 +111,10 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="timed passes over the prompts per row, interleaved across rows; tokens/s is their median "
                         "and a row whose spread is large is flagged noisy (at least 2)")
     p.add_argument("--skip-transformers", action="store_true", help="leave out transformers' static AR (~90 s compile)")
+    p.add_argument("--batch-size", type=int, default=1, choices=[1, 2, 4],
+                   help="rows per decoded batch: AR (ours, batched), vanilla DFlash, static and HybridSpec on "
+                        "batches of that size, tokens/s the total over the batch; --num-prompts counts batches, and "
+                        "the calibration run here also measures this size")
     p.add_argument("--seed", type=int, default=0, help="evaluation draws; calibration uses seed + 1")
     p.add_argument("--cpu-threads", type=positive_int, default=1, help=CPU_THREADS_HELP)
 

@@ -30,6 +30,7 @@ import torch
 
 from hybridspec.cache import BoundedCache
 from hybridspec.drafter.protocol import DraftBlock
+from hybridspec.ops.routing import distinct_prefix_counts
 
 
 class Constants(dict):
@@ -130,6 +131,18 @@ class RoutingCorrection:
         p_w0 = prefix.gather(1, (w0 - 1).clamp(max=prefix.shape[1] - 1)[:, None])[:, 0]
         return keep_extra_token(p_w0, self.rho, self.cost, w0, self.s, self.eta, self.nbar, self.nbar_given, n_new)
 
+    def extend(self, selection: Selection, topk_ids: torch.Tensor, cap: torch.Tensor, num_experts: int) -> torch.Tensor:
+        """The verified length `[B]`: w0, or w0 + 1 where the correction keeps token w0 + 1, given
+        Stage 0's Layer-0 expert ids `[B, W, k]` and the budget `cap` `[B]`."""
+        w0 = selection.w0
+        distinct = distinct_prefix_counts(topk_ids, num_experts)  # [B, W]
+        W = distinct.shape[1]
+        # token w0 + 1 against the union of the first w0: entry w0 of the new-expert counts
+        at = w0.clamp(1, W - 1)[:, None]
+        n_new = (distinct.gather(1, at) - distinct.gather(1, at - 1))[:, 0]
+        room = (w0 < cap) & (w0 < W)
+        return w0 + (self.keep_extra(selection.prefix, w0, n_new) & room).long()
+
 
 def keep_extra_token(p_w0: torch.Tensor, rho: float, cost: torch.Tensor, w0: torch.Tensor, s: float, eta: float,
                      nbar: torch.Tensor, nbar_given: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -166,6 +179,18 @@ class AcceptanceModel(Protocol):
 
 
 @runtime_checkable
+class Correction(Protocol):
+    """The routing correction at the Layer-0 router boundary: may lengthen the nominal choice."""
+
+    def to(self, device) -> Correction:
+        ...
+
+    def extend(self, selection: Selection, topk_ids: torch.Tensor, cap: torch.Tensor, num_experts: int) -> torch.Tensor:
+        """w `[B]` from the selection, Stage 0's Layer-0 expert ids `[B, W, k]` and the budget `[B]`."""
+        ...
+
+
+@runtime_checkable
 class Policy(Protocol):
     """What a round asks of a length policy. `select` picks the nominal length w0 on the device;
     `correction` (or None) decides on one more token at the Layer-0 router boundary; `two_stage`
@@ -173,7 +198,7 @@ class Policy(Protocol):
     embedding (the "no_two_stage" ablation); `prepare` builds device constants before capture."""
 
     name: str
-    correction: RoutingCorrection | None
+    correction: Correction | None
     two_stage: bool
 
     def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
@@ -241,7 +266,9 @@ class RatioPolicy:
 
 @dataclass(frozen=True)
 class FixedPolicy:
-    """Verify `length` tokens every round (capped by the budget): vanilla DFlash at W, or "static"."""
+    """Verify `length` tokens every round: vanilla DFlash at W, or "static". One length for the
+    whole batch, capped by the largest budget (a row with less verifies all w rows and counts its
+    own; batch one: capped by its budget)."""
 
     name: str
     length: int
@@ -254,11 +281,114 @@ class FixedPolicy:
     def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
         B = block.tokens.shape[0]
         cap = budget(max_w, B, block.tokens.device)
-        return Selection(cap.clamp(1, self.length), prefix_probabilities(block.confidence))
+        shared = cap.amax(dim=0, keepdim=True).clamp(1, self.length)
+        return Selection(shared.expand(B), prefix_probabilities(block.confidence))
+
+# the verification lengths of a batched round (the method's batched form): one fixed-shape graph
+# serves every length, and a few lengths keep the calibration (one timed length each) cheap
+BATCH_LENGTHS = (2, 4, 8, 12, 16)
+# the batch sizes hybridspec decodes (graphs are captured per size; a batch of 3 runs as 4)
+BATCH_SIZES = (1, 2, 4)
+MAX_BATCH = 4
 
 
-def from_calibration(name: str, calibration, max_len: int):
-    """The policy `name` built from a `hybridspec.calibration.Calibration`."""
+def batch_gain(prefix: torch.Tensor, lengths: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+    """`[n]`: sum over the batch of each row's expected emitted tokens at each of `lengths` `[n]`,
+    a row verifying at most its budget `cap` `[B]` (a finished row, cap 1, adds 1 everywhere)."""
+    gain = expected_tokens(prefix)  # [B, D + 1]
+    at = torch.minimum(lengths[None, :], cap[:, None]).clamp(min=1) - 1  # [B, n]
+    return gain.gather(1, at).sum(dim=0)
+
+
+@dataclass(frozen=True)
+class BatchRoutingCorrection:
+    """The routing correction of a batched round: keep the next length of the set, w', if
+
+        sum_b (G_b(w') - G_b(w)) > rho_B * (C_B(w') - C_B(w) + eta * (n_new - nbar_B(w)))
+
+    with `n_new` the Layer-0 experts positions w..w'-1 add to the union over the batch (Stage 0's
+    routing) and `nbar_B(w)` its calibrated mean. `cost`, `nbar` index like `lengths`."""
+
+    lengths: tuple[int, ...]
+    cost: tuple[float, ...]
+    rho: float
+    eta: float
+    nbar: tuple[float, ...]
+    constants: Constants = _constants()
+
+    def to(self, device) -> BatchRoutingCorrection:
+        return self
+
+    def extend(self, selection: Selection, topk_ids: torch.Tensor, cap: torch.Tensor, num_experts: int) -> torch.Tensor:
+        w0, prefix = selection.w0, selection.prefix
+        B, W, k = topk_ids.shape
+        lengths = self.constants.tensor(self.lengths, w0.device)
+        # the union over the batch: every row's k choices at a position are that position's slots
+        union = distinct_prefix_counts(topk_ids.transpose(0, 1).reshape(1, W, B * k), num_experts)[0]  # [W]
+        i = torch.searchsorted(lengths, w0[:1]).clamp(max=len(self.lengths) - 1)  # [1], index of w0
+        j = (i + 1).clamp(max=len(self.lengths) - 1)
+        w, w_next = w0[:1], torch.minimum(lengths[j], torch.as_tensor(W, device=w0.device))
+        n_new = union[w_next - 1] - union[w - 1]
+        gain = batch_gain(prefix, torch.cat([w, w_next]), cap)
+        cost, nbar = self.constants.tensor(self.cost, w0.device), self.constants.tensor(self.nbar, w0.device)
+        dL = cost[j] - cost[i] + self.eta * (n_new - nbar[i])
+        keep = (j > i) & (w_next > w) & (w_next <= cap.amax()) & (gain[1] - gain[0] > self.rho * dL)
+        return torch.where(keep, w_next, w).expand(B)
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """A batched round's one length (B >= 2), from `lengths`, maximising
+
+        sum_b G_b(w) - rho_B * C_B(w)
+
+    (`G_b` row b's expected emitted tokens at w, from the acceptance model, or the raw confidence
+    when `acceptance` is None; `cost[i]` = C_B(lengths[i])); ties to the shorter. A row whose
+    budget is below w verifies all w rows and counts its own. `correction` may move the choice to
+    the next length of the set."""
+
+    name: str
+    batch_size: int
+    lengths: tuple[int, ...]
+    cost: tuple[float, ...]
+    rho: float
+    acceptance: AcceptanceModel | None = None
+    correction: BatchRoutingCorrection | None = None
+    two_stage: bool = True
+    constants: Constants = _constants()
+
+    @classmethod
+    def builtin_default(cls, name: str, batch_size: int, max_len: int = 16) -> BatchPolicy:
+        # B rows cost about B times a row's extra tokens over one fixed launch-bound round
+        # (the B = 1 default's slope, per row); rho per row as at B = 1
+        lengths = tuple(w for w in BATCH_LENGTHS if w <= max_len) or (max_len,)
+        cost = tuple(1.0 + 0.03 * batch_size * (w - 1) for w in lengths)
+        return cls(name, batch_size, lengths, cost, rho=2.0 * batch_size)
+
+    def prepare(self, device) -> None:
+        if self.acceptance is not None:
+            self.acceptance.prepare(device)
+
+    def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
+        c = block.confidence if self.acceptance is None else self.acceptance.predict(block.confidence, block.entropy)
+        prefix = prefix_probabilities(c)
+        B, D = prefix.shape
+        cap = budget(max_w, B, prefix.device)
+        usable = [(w, cost) for w, cost in zip(self.lengths, self.cost) if w <= D + 1] or [(D + 1, self.cost[0])]
+        ws = self.constants.tensor(tuple(w for w, _ in usable), prefix.device)
+        top = cap.amax(dim=0, keepdim=True)  # [1]
+        # a length past every row's budget verifies the largest budget instead
+        eff = torch.minimum(ws, top).clamp(min=1)
+        score = batch_gain(prefix, eff, cap) - self.rho * self.constants.tensor(tuple(c for _, c in usable), prefix.device)
+        # argmax returns the first maximum: ties go to the shorter length
+        return Selection(eff[score.argmax()].reshape(1).expand(B), prefix)
+
+
+def from_calibration(name: str, calibration, max_len: int, batch_size: int = 1):
+    """The policy `name` built from a `hybridspec.calibration.Calibration` (at batch size 2 or 4,
+    from its entry for that size: `BatchPolicy`, or the size's best fixed length for "static")."""
+    if batch_size > 1:
+        return _batch_from_calibration(name, calibration, max_len, batch_size)
     cost = tuple(calibration.cost[:max_len])
     if name == "static":
         return FixedPolicy(name, min(calibration.static_length, max_len))
@@ -279,15 +409,26 @@ def from_calibration(name: str, calibration, max_len: int):
     return AdaptivePolicy(name, length, calibration.acceptance, correction, two_stage=name != "no_two_stage")
 
 
+def _batch_from_calibration(name: str, calibration, max_len: int, batch_size: int):
+    entry = calibration.batch_entry(batch_size)
+    if name == "static":
+        return FixedPolicy(name, min(entry.static_length, max_len))
+    usable = [i for i, w in enumerate(entry.lengths) if w <= max_len] or [0]
+    lengths = tuple(entry.lengths[i] for i in usable)
+    cost = tuple(entry.cost[i] for i in usable)
+    correction = BatchRoutingCorrection(lengths, cost, entry.rho, entry.eta_ms, tuple(entry.nbar[i] for i in usable))
+    return BatchPolicy(name, batch_size, lengths, cost, entry.rho, calibration.acceptance, correction)
+
+
 # one object per (name, length), so the runner recognises it across calls; a handful of names
 # and lengths exist, the bound only makes that explicit
 _DEFAULTS = BoundedCache(64)
 _WARNED = BoundedCache(1)
 
 
-def default_policy(name: str, max_len: int) -> AdaptivePolicy:
-    """The uncalibrated fallback of the adaptive policies (one object per name and length, so the
-    runner recognises it across calls); warns once per process."""
+def default_policy(name: str, max_len: int, batch_size: int = 1) -> AdaptivePolicy | BatchPolicy:
+    """The uncalibrated fallback of the adaptive policies (one object per name, length and batch
+    size, so the runner recognises it across calls); warns once per process."""
     if _WARNED.first_time("default-policy"):
         warnings.warn(
             f"hybridspec: policy={name!r} without calibration uses the built-in default length policy (raw "
@@ -296,4 +437,6 @@ def default_policy(name: str, max_len: int) -> AdaptivePolicy:
             "`hybridspec calibrate` and pass generate(..., calibration=path).",
             stacklevel=4,
         )
+    if batch_size > 1:
+        return _DEFAULTS.get((name, max_len, batch_size), lambda: BatchPolicy.builtin_default(name, batch_size, max_len))
     return _DEFAULTS.get((name, max_len), lambda: AdaptivePolicy(name, LengthPolicy.builtin_default(max_len)))

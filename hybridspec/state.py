@@ -6,8 +6,11 @@
 - Attention: preallocated keys/values `[B, H_kv, max_len, D]` per attention layer; a round writes
   w rows at `length` and the commit advances `length` by m (stale rows are overwritten next round).
 
-`length` is a `[1]` device tensor and `commit(m)` takes m as a `[B]` device tensor, so nothing here
-reads a length on the host. The CUDA-graph runner verifies a fixed `MAX_VERIFY` rows and sets
+`length` is a `[B]` device tensor (each row's committed length: the cache index of its next token)
+and `commit(m)` advances each row by its own m (`[B]` on the device), so nothing here reads a length
+on the host. `pad` `[B]` is each row's left padding (its first valid cache index; zeros without
+padding): attention masks the cache rows before it, and a row's RoPE position is `index - pad`, as
+transformers' `position_ids = cumsum(attention_mask) - 1` gives for the same padded batch. The CUDA-graph runner verifies a fixed `MAX_VERIFY` rows and sets
 `num_tokens` (`[B]` device tensor, the w of the round) so that the kernels ignore rows past w; the
 reference loop verifies exactly w rows (`num_tokens` None). Both commit the same way.
 """
@@ -33,6 +36,14 @@ class GDNSlot(NamedTuple):
     inputs: torch.Tensor  # [B, C, W] the round's pre-conv inputs
 
 
+def _leading_rows(f: torch.Tensor, w: int) -> torch.Tensor:
+    """A stacked factor buffer `[Lg, B, W, ...]` as `[Lg, B, w, ...]` over each layer's first
+    `B * w` rows of storage, contiguous per layer as the ops need (slicing `[:, :, :w]` is not,
+    for B > 1); the verification writes and the commit reads the same view."""
+    Lg, B, W, *rest = f.shape
+    return f.reshape(Lg, -1)[:, : B * w * f[0, 0, 0].numel()].view(Lg, B, w, *rest)
+
+
 @dataclass
 class HybridState:
     gdn_layers: list[int]
@@ -43,8 +54,11 @@ class HybridState:
     conv_inputs: torch.Tensor  # [Lg, B, C, W]
     keys: list[torch.Tensor]  # per attention layer [B, Hkv, max_len, D]
     values: list[torch.Tensor]
-    # tokens committed to the attention caches (= the position of the next token): [1] long tensor
+    # per row: tokens committed to the attention caches, padding included (= the cache index of the
+    # next token) [B] long
     length: torch.Tensor
+    # per row: left-padding count, the first valid cache index [B] long
+    pad: torch.Tensor
     written: int = 0  # tokens the last verification wrote
     # [B] rows of the round that count (None: all of them); the kernels skip the rest
     num_tokens: torch.Tensor | None = None
@@ -57,14 +71,25 @@ class HybridState:
         self.attn_slot = {layer: n for n, layer in enumerate(self.attn_layers)}
 
     def round_factors(self, w: int) -> GDNFactors:
-        """Factor buffers of a w-token round, `[Lg, B, w, ...]`, contiguous per layer (B = 1)."""
-        return GDNFactors(*(f[:, :, :w] for f in self.factors))
+        """Factor buffers of a w-token round, `[Lg, B, w, ...]`, contiguous per layer."""
+        return GDNFactors(*(_leading_rows(f, w) for f in self.factors))
 
     def gdn(self, layer: int, w: int) -> GDNSlot:
         """The buffers of model layer `layer` (a GDN layer) for a w-token round."""
         gi = self.gdn_slot[layer]
-        return GDNSlot(self.gdn_states[gi], GDNFactors(*(f[gi, :, :w] for f in self.factors)),
+        return GDNSlot(self.gdn_states[gi], GDNFactors(*(_leading_rows(f, w)[gi] for f in self.factors)),
                        self.conv_windows[gi], self.conv_inputs[gi])
+
+    def relayout(self, layer: int, u: int, w: int) -> None:
+        """Layer `layer`'s factors, written for u rows, kept for the first w: move them into the
+        w-row layout the commit reads (the same storage for B = 1 or w = u; a copy otherwise)."""
+        B = self.gdn_states.shape[1]
+        if B == 1 or w == u:
+            return
+        gi = self.gdn_slot[layer]
+        for f in self.factors:
+            kept = _leading_rows(f, u)[gi, :, :w].clone()
+            _leading_rows(f, w)[gi].copy_(kept)
 
     def scratch(self) -> HybridState:
         """A state that shares the committed buffers (GDN states, conv windows, length) and holds
@@ -74,12 +99,12 @@ class HybridState:
             gdn_layers=self.gdn_layers, attn_layers=self.attn_layers, gdn_states=self.gdn_states,
             factors=GDNFactors(*(f.clone() for f in self.factors)), conv_windows=self.conv_windows,
             conv_inputs=self.conv_inputs.clone(), keys=[k.clone() for k in self.keys],
-            values=[v.clone() for v in self.values], length=self.length,
+            values=[v.clone() for v in self.values], length=self.length, pad=self.pad,
         )
 
     def commit(self, num_commit: torch.Tensor) -> None:
         """Keep the first m of the `written` verified tokens in every layer, with m `[B]` on the
-        device (batch one: the attention length advances by row 0's m); no host read."""
+        device (each row advances by its own m; m = 0 keeps a row as it is); no host read."""
         w = self.written
         gdn_commit(self.gdn_states, self.round_factors(w), num_commit)
         k = self.conv_windows.shape[-1]
@@ -87,4 +112,4 @@ class HybridState:
         # the window after m more inputs is columns m .. m + k - 1 of the concatenation
         index = (num_commit[:, None] + torch.arange(k, device=full.device))[None, :, None, :]
         self.conv_windows.copy_(full.gather(-1, index.expand(*full.shape[:-1], k)))
-        self.length += num_commit[:1].to(self.length.dtype)
+        self.length += num_commit.to(self.length.dtype)

@@ -46,6 +46,45 @@ def current_device_name(device=None) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
+BATCH_COMMAND = "hybridspec calibrate --batch-sizes 1 2 4"
+
+
+@dataclass(frozen=True)
+class BatchCalibration:
+    """What a batch of `batch_size` rows adds (`hybridspec calibrate --batch-sizes`): `lengths` the
+    batched lengths, `cost[i]` the measured round time (ms) of the fixed-shape batched round at
+    `lengths[i]`, `rho` tokens/ms (pooled over batches of recorded rounds), `eta_ms` ms per distinct
+    Layer-0 expert, `nbar[i]` the mean Layer-0 experts that positions `lengths[i]..lengths[i+1]-1`
+    add to the union over a batch (0 for the last length), `static_length` the best fixed length of
+    the set."""
+
+    batch_size: int
+    lengths: tuple[int, ...]
+    cost: tuple[float, ...]
+    rho: float
+    eta_ms: float
+    nbar: tuple[float, ...]
+    static_length: int
+
+    def __post_init__(self):
+        n = len(self.lengths)
+        if self.batch_size < 2 or n == 0 or len(self.cost) != n or len(self.nbar) != n:
+            raise ValueError(f"calibration: batch entry needs batch_size >= 2 and cost/nbar per length; got batch "
+                             f"{self.batch_size}, lengths {self.lengths}, cost {self.cost}, nbar {self.nbar}")
+        if self.static_length not in self.lengths or not self.rho > 0:
+            raise ValueError(f"calibration: batch {self.batch_size}: static_length {self.static_length} must be one of "
+                             f"{self.lengths} and rho positive (got {self.rho})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: list(v) if isinstance(v, tuple) else v for f in fields(self) for v in [getattr(self, f.name)]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BatchCalibration:
+        return cls(batch_size=int(d["batch_size"]), lengths=tuple(int(v) for v in d["lengths"]),
+                   cost=tuple(float(v) for v in d["cost"]), rho=float(d["rho"]), eta_ms=float(d["eta_ms"]),
+                   nbar=tuple(float(v) for v in d["nbar"]), static_length=int(d["static_length"]))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
     """A fitted calibration. Times in ms, `rho` in tokens/ms, lengths in input tokens.
@@ -54,6 +93,8 @@ class Calibration:
     round time; `stage0_slope_ms` s (ms per Stage-0 token); `eta_ms` (ms per distinct expert per MoE
     layer); `top_k` Layer-0 experts per token; `nbar` `[W]`, `nbar_given` `[W][top_k + 1]` (see
     `costs.routing_tables`); `static_length` the best single length; `summary` free-form numbers.
+    `batches`: one `BatchCalibration` per batch size measured beyond 1 (artifacts without it, as
+    older ones, serve batch size 1 only).
     """
 
     target_fingerprint: str
@@ -72,7 +113,17 @@ class Calibration:
     rho: float
     static_length: int
     summary: dict = field(default_factory=dict)
+    batches: tuple[BatchCalibration, ...] = ()
     schema_version: int = SCHEMA_VERSION
+
+    def batch_entry(self, batch_size: int) -> BatchCalibration:
+        """The entry for `batch_size` rows; a clear error naming the command when it lacks one."""
+        for entry in self.batches:
+            if entry.batch_size == batch_size:
+                return entry
+        held = [1] + [e.batch_size for e in self.batches]
+        raise ValueError(f"the calibration holds batch sizes {held}, not {batch_size}: a batched call needs costs "
+                         f"measured for its batch size; run `{BATCH_COMMAND}` (a batch of 3 uses the entry for 4)")
 
     def __post_init__(self):
         W = self.block_size
@@ -100,6 +151,7 @@ class Calibration:
         out["nbar_given"] = [list(row) for row in self.nbar_given]
         out["versions"] = dict(self.versions)
         out["summary"] = copy.deepcopy(self.summary)
+        out["batches"] = [b.to_dict() for b in self.batches]
         return out
 
     @classmethod
@@ -113,7 +165,7 @@ class Calibration:
                 f"{source}: schema_version is {d['schema_version']!r}, this hybridspec reads {SCHEMA_VERSION}; {RERUN}"
             )
         names = {f.name for f in fields(cls)}
-        required = {f.name for f in fields(cls) if f.name not in ("summary", "schema_version")}
+        required = {f.name for f in fields(cls) if f.name not in ("summary", "schema_version", "batches")}
         missing, unknown = sorted(required - d.keys()), sorted(d.keys() - names)
         if missing or unknown:
             raise ValueError(f"{source}: missing keys {missing}, unknown keys {unknown}")
@@ -136,8 +188,9 @@ class Calibration:
                 rho=float(d["rho"]),
                 static_length=int(d["static_length"]),
                 summary=dict(d.get("summary", {})),
+                batches=tuple(BatchCalibration.from_dict(b) for b in d.get("batches", [])),
             )
-        except (TypeError, ValueError, AttributeError) as e:
+        except (TypeError, ValueError, AttributeError, KeyError) as e:
             raise ValueError(f"{source}: malformed calibration: {e}") from e
 
     def save(self, path: str | os.PathLike) -> None:

@@ -38,6 +38,8 @@ class RoundRecorder:
     stopped: list = field(default_factory=list)
     distinct_all: list = field(default_factory=list)
     new_layer0: list = field(default_factory=list)
+    # Layer-0 expert ids `[w, k]` per round with routing (the batched entries' union over a batch)
+    layer0_ids: list = field(default_factory=list)
 
     def new_call(self) -> None:
         pass
@@ -55,6 +57,7 @@ class RoundRecorder:
             ids = torch.stack([r[0] for r in routing])  # [layers, w, k]
             self.distinct_all.append(distinct_prefix_counts(ids, self.num_experts).sum(0).cpu())
             self.new_layer0.append(new_expert_counts(ids[0], self.num_experts).cpu())
+            self.layer0_ids.append(ids[0].cpu())
 
 
 def generate_rounds(model, drafter, prompts, recorder: RoundRecorder, max_new_tokens: int, verify_length: int,
@@ -105,6 +108,7 @@ def capture_arrays(recorder: RoundRecorder, block_size: int) -> dict[str, np.nda
         distinct_all=torch.stack([recorder.distinct_all[i] for i in full]).numpy() if full else np.zeros((0, block_size)),
         new_layer0=torch.stack([recorder.new_layer0[i] for i in full]).numpy() if full else np.zeros((0, block_size)),
         full_valid=valid[full] if full else np.zeros(0, dtype=bool),
+        layer0_ids=[recorder.layer0_ids[i] for i in full if valid[i]],
     )
 
 

@@ -8,7 +8,9 @@
    to the round times is flagged `noisy` in the summary (`costs.cost_fit_noise`).
 4. Microbenchmarks: Stage-0 latency per token (`s`) and routed-expert latency per distinct expert
    at 16 rows (`eta`), each a line fit, floored at 0.
-5. `rho` by Dinkelbach iteration, the best static length; write the JSON artifact.
+5. `rho` by Dinkelbach iteration, the best static length.
+6. For each batch size of `--batch-sizes` beyond 1: the batched entry (`calibration.batched`).
+Write the JSON artifact.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tqdm.auto import tqdm
 
 from hybridspec.calibration.acceptance import fit_acceptance
 from hybridspec.calibration.artifact import SCHEMA_VERSION, Calibration, current_device_name, runtime_versions
+from hybridspec.calibration.batched import calibrate_batch
 from hybridspec.calibration.capture import (
     RoundRecorder,
     capture_arrays,
@@ -42,7 +45,7 @@ from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
 from hybridspec.loading import load_target
 from hybridspec.sim.spec import drafter_identity, is_replay, load_drafter_spec
 from hybridspec.patches import family_of
-from hybridspec.policy import LengthPolicy, expected_tokens, prefix_probabilities
+from hybridspec.policy import BATCH_SIZES, LengthPolicy, expected_tokens, prefix_probabilities
 
 MAX_VERIFY = 16
 
@@ -58,7 +61,7 @@ def defaults(device) -> dict:
 
 def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
               max_new_tokens: int | None = None, device: str = "cpu", lengths=None, seed: int = 0,
-              timed_prompts: int | None = None, accept=None) -> Calibration:
+              timed_prompts: int | None = None, accept=None, batch_sizes=(1,)) -> Calibration:
     """Run the whole calibration (module docstring) and write `out`; returns the artifact.
     `target`: a model directory or a loaded model; `drafter`: `DIR`, `replay:DIR`, or a drafter
     object (a replay drafter when it has a `continuation`); `prompts`: a JSONL file (its seeded
@@ -66,9 +69,12 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
     `lengths` (timed for the cost curve) and `timed_prompts` (timed per length after one warm-up
     prompt; None: all) default by device (`defaults`). `accept`: an `AcceptRule` for every
     calibration round (`generate(hybridspec_accept=)`): the forced acceptance of random-weight
-    benchmarks, so the calibration sees the acceptance the evaluation will (recorded in the summary)."""
+    benchmarks, so the calibration sees the acceptance the evaluation will (recorded in the summary).
+    `batch_sizes`: the batch sizes to measure (1, 2, 4; 1 is always fitted)."""
     import hybridspec
 
+    if not set(batch_sizes) <= set(BATCH_SIZES):
+        raise ValueError(f"batch sizes must be among {BATCH_SIZES} (a batch of 3 runs as 4), got {list(batch_sizes)}")
     sizes = defaults(device)
     max_new_tokens = sizes["max_new_tokens"] if max_new_tokens is None else max_new_tokens
     lengths = sizes["lengths"] if lengths is None else lengths
@@ -137,11 +143,17 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
     mean_w = float(LengthPolicy(cost=cost.cost, rho=rho).select(acceptance.predict(conf, ent), W).float().mean()) \
         if len(conf) else None
 
+    timed_groups = None if timed_prompts is None else timed_prompts
+    batches = tuple(
+        calibrate_batch(model, draft, runs, B, W, gains.numpy(), tokens.numpy(), data["layer0_ids"], eta,
+                        config.num_experts, max_new_tokens, timed_groups, accept)
+        for B in sorted(set(batch_sizes) - {1}))
+
     result = Calibration(
         schema_version=SCHEMA_VERSION, target_fingerprint=target_fingerprint(model),
         drafter_fingerprint=drafter_fingerprint(draft), device_name=current_device_name(dev), versions=runtime_versions(),
         block_size=W, acceptance=acceptance, cost=cost.cost, fixed_ms=cost.fixed_ms, stage0_slope_ms=s,
-        eta_ms=eta, top_k=k, nbar=nbar, nbar_given=nbar_given, rho=rho, static_length=static,
+        eta_ms=eta, top_k=k, nbar=nbar, nbar_given=nbar_given, rho=rho, static_length=static, batches=batches,
         summary=dict(
             prompts=len(calib), rounds=len(data["accepted"]), valid_rounds=int(data["valid"].sum()),
             mean_acceptance_length=float(np.mean(data["accepted"][data["valid"]]) + 1) if data["valid"].any() else None,
@@ -189,6 +201,9 @@ def _print_summary(c: Calibration) -> None:
     measured = " ".join(f"{w}:{t:.3f}" for w, t in sorted(s["round_ms"].items(), key=lambda kv: int(kv[0])))
     print(f"measured round ms: {measured}; cost fit RMS residual {s['cost_rms_residual_ms']:.3f} ms "
           f"({s['cost_relative_residual']:.0%} of the mean round time)")
+    for b in c.batches:
+        print(f"B = {b.batch_size}: rho = {b.rho:.4f} tokens/ms; round ms " +
+              " ".join(f"{w}:{t:.3f}" for w, t in zip(b.lengths, b.cost)) + f"; best static length {b.static_length}")
     if s["noisy"]:
         print(f"WARNING: the cost fit is noisy: {s['noisy_reason']}. The cost curve, rho and the lengths the "
               "policy picks rest on it; rerun on an idle machine (or with more --max-new-tokens / --timed-prompts).")
@@ -201,4 +216,4 @@ def main(args) -> None:
         torch.set_num_threads(args.cpu_threads)
     calibrate(target=args.target, drafter=args.drafter, prompts=args.prompts, out=args.out, tokenizer=args.tokenizer,
               max_new_tokens=args.max_new_tokens, device=device, lengths=args.lengths, seed=args.seed,
-              timed_prompts=args.timed_prompts)
+              timed_prompts=args.timed_prompts, batch_sizes=tuple(args.batch_sizes))

@@ -5,6 +5,10 @@ row's device-resident length L ("write w rows at L..L+w-1, advance L by m <= w")
 depends on a length and nothing reads one on the host. A host-side bound on the lengths (exact
 while lengths advance by Python ints, conservative under device tensors) decides when the cache
 must grow; a cache sized with `max_length` never grows.
+
+A left-padded batch row starts at its padding count `start` (`[B]`): rows before it hold the
+padding's features, which attention masks out, and a row's RoPE position is `index - start`, the
+position transformers gives the same token in the padded batch.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ class ContextCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, KVH, rows, d]
         self.v = torch.zeros_like(self.k)
         self.length = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        self.start = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] first valid row
         self.limit: int | None = None
         self.bound = 0
 
@@ -32,8 +37,12 @@ class ContextCache:
     def fits(self, batch_size, rows, dtype, device) -> bool:
         return self.k.shape[1] == batch_size and self.rows >= rows and self.k.dtype == dtype and self.k.device == device
 
-    def clear(self, limit: int | None) -> None:
+    def clear(self, limit: int | None, start: torch.Tensor | None = None) -> None:
         self.length.zero_()
+        if start is None:
+            self.start.zero_()
+        else:
+            self.start.copy_(start)
         self.limit, self.bound = limit, 0
 
     def reserve(self, n: int) -> None:
@@ -47,10 +56,14 @@ class ContextCache:
         self.k, self.v = k, v
 
     def positions(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target positions L..L+n-1 of every row `[B, n]`, and the matching scatter index into one
+        """Cache rows L..L+n-1 of every row `[B, n]`, and the matching scatter index into one
         layer's cache `[B, KVH, n, d]`."""
         pos = self.length[:, None] + torch.arange(n, device=self.length.device)
         return pos, pos[:, None, :, None].expand(-1, self.k.shape[2], -1, self.k.shape[4])
+
+    def rope_positions(self, rows: torch.Tensor) -> torch.Tensor:
+        """RoPE positions of cache rows `[B, n]`: the row index less the row's left padding."""
+        return rows - self.start[:, None]
 
     def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer].scatter_(2, index, k)

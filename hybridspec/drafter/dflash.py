@@ -184,17 +184,18 @@ class DFlashDrafter(nn.Module):
         emb = F.embedding(input_ids, self._bound()[0].weight) * self.config.input_embedding_scale
         return emb.to(self.fc.weight.dtype)
 
-    def reset(self, batch_size: int, max_length: int | None = None) -> None:
+    def reset(self, batch_size: int, max_length: int | None = None, pad: torch.Tensor | None = None) -> None:
         """Empty every row's context. With `max_length` (target positions the caller promises never
         to exceed) the cache is sized once, `max_length + block_size` rows, and never reallocated, as
-        CUDA graphs need; without it the cache grows on demand. A large enough cache is reused."""
+        CUDA graphs need; without it the cache grows on demand. A large enough cache is reused.
+        `pad` `[B]`: each row's left padding (its first valid target position); None: none."""
         w, t = self.fc.weight, self.config.text
         rows = (max_length or 0) + self.block_size
         if self.context is None or not self.context.fits(batch_size, rows, w.dtype, w.device):
             self.context = ContextCache(
                 len(self.layers), batch_size, t.num_key_value_heads, t.head_dim, max(rows, MIN_ROWS), w.dtype, w.device
             )
-        self.context.clear(max_length)
+        self.context.clear(max_length, pad)
 
     def static_buffers(self) -> list[torch.Tensor]:
         """The device buffers a captured round reads and writes (the runner recaptures if they move)."""
@@ -216,7 +217,7 @@ class DFlashDrafter(nn.Module):
         cache.reserve(n)
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         pos, index = cache.positions(n)
-        cos, sin = self.rotary_emb(ctx, pos)
+        cos, sin = self.rotary_emb(ctx, cache.rope_positions(pos))
         for i, layer in enumerate(self.layers):
             cache.write(i, index, *layer.self_attn.context_kv(ctx, cos, sin))
         cache.advance(n, num_commit)
@@ -232,10 +233,11 @@ class DFlashDrafter(nn.Module):
         masked = anchor.new_full((B, W - 1), self.mask_token_id)
         noise = self.embed(torch.cat([anchor[:, None], masked], dim=1))  # [B, W, H]
         pos, index = cache.positions(W)
-        cos, sin = self.rotary_emb(noise, pos)
+        cos, sin = self.rotary_emb(noise, cache.rope_positions(pos))
         keys = torch.arange(cache.rows, device=pos.device)[None]
-        # the block's own keys are written at rows L..L+W-1, so every row below L + W is live
-        masks = self._masks(pos, keys, cache.length + W)
+        # the block's own keys are written at rows L..L+W-1, so every row below L + W is live; rows
+        # before `start` hold a left-padded row's padding
+        masks = self._masks(pos, keys, cache.length + W, cache.start)
         h = noise
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -246,9 +248,9 @@ class DFlashDrafter(nn.Module):
         confidence = probs.gather(-1, tokens[..., None])[..., 0]
         return DraftBlock(tokens, confidence, torch.special.entr(probs).sum(-1))
 
-    def _masks(self, q_pos, k_pos, limit=None):
+    def _masks(self, q_pos, k_pos, limit=None, first=None):
         kinds = {(layer.self_attn.is_causal, layer.self_attn.sliding_window) for layer in self.layers}
-        return {kind: visibility(q_pos, k_pos, *kind, limit) for kind in kinds}
+        return {kind: visibility(q_pos, k_pos, *kind, limit, first) for kind in kinds}
 
     def _bound(self) -> tuple[nn.Module, nn.Module]:
         if self._target is None:

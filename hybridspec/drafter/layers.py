@@ -16,15 +16,18 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, app
 from hybridspec.drafter.config import DFlashConfig
 
 
-def visibility(q_pos, k_pos, causal, window, limit=None):
+def visibility(q_pos, k_pos, causal, window, limit=None, first=None):
     """Bool `[B, 1, Q, K]`: which keys each query sees (None: all). Positions are target positions;
-    `limit` `[B]` hides cache rows at or past it. Same rule as the reference's mask."""
-    if not causal and window is None and limit is None:
+    `limit` `[B]` hides cache rows at or past it, `first` `[B]` those before it (left padding).
+    Same rule as the reference's mask."""
+    if not causal and window is None and limit is None and first is None:
         return None
     q, k = q_pos[:, :, None], k_pos[:, None, :]
     visible = torch.ones(q.shape[0], q.shape[1], k.shape[2], dtype=torch.bool, device=q.device)
     if limit is not None:
         visible &= k < limit[:, None, None]
+    if first is not None:
+        visible &= k >= first[:, None, None]
     if causal:
         visible &= k <= q
     if window is not None:

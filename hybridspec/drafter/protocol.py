@@ -74,8 +74,9 @@ class Drafter(Protocol):
 class DeviceDrafter(Drafter, Protocol):
     """A drafter the CUDA-graph runner can capture: fixed shapes, lengths on the device."""
 
-    def reset(self, batch_size: int, max_length: int) -> None:
-        """Empty every row's context, sized once for `max_length` target positions."""
+    def reset(self, batch_size: int, max_length: int, pad: torch.Tensor | None = None) -> None:
+        """Empty every row's context, sized once for `max_length` target positions; `pad` `[B]`:
+        each row's left padding (the prompt's first valid position), None for none."""
         ...
 
     def static_buffers(self) -> list[torch.Tensor]:

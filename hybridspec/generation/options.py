@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 POLICIES = ("hybridspec", "nominal", "no_two_stage", "static", "dcut", "evict")
+# the policies of a batched round (batch size 2 and more; a fixed verify_length also works)
+BATCH_POLICIES = ("hybridspec", "static")
 
 
 @dataclass

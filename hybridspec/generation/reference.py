@@ -25,55 +25,88 @@ from hybridspec.state import MAX_VERIFY
 
 
 def reference_decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                     opts: HybridSpecOptions):
-    """Returns `(sequences, scores or None, logits or None, stats)`."""
+                     opts: HybridSpecOptions, attention_mask=None, position_ids=None):
+    """Returns `(sequences, scores or None, logits or None, stats)`. A batch (left-padded with
+    `attention_mask`) keeps one host sequence per row: each row emits and stops on its own, and
+    the output pads a finished row after its stop, as transformers does."""
     drafter, streamer, recorder = opts.drafter, opts.streamer, opts.recorder
     want_scores, want_logits = generation_config.output_scores, generation_config.output_logits
     scores, raw_logits = [], []
     max_len = generation_config.max_length
+    B = input_ids.shape[0]
     target = Target(model, tuple(drafter.target_layer_ids))
     # a round writes up to MAX_VERIFY rows past the committed length
-    state = empty_state(target.family, model, input_ids.shape[0], max_len + MAX_VERIFY, target.device)
+    state = empty_state(target.family, model, B, max_len + MAX_VERIFY, target.device)
     sampler = Sampler(bool(generation_config.do_sample), rule=opts.accept)
-    seq = input_ids
+    # each row's host sequence: its (padded) prompt and what it emitted
+    rows = list(input_ids.split(1))
+    done = [False] * B
 
     def process(logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-        # position i sees the sequence target-only decoding would hold there
-        return process_positions(logits_processor, seq, drafts, logits)
+        # position i of row b sees the sequence target-only decoding would hold there
+        return torch.cat([process_positions(logits_processor, rows[b], drafts[b:b + 1], logits[b:b + 1])
+                          for b in range(B)])
 
-    def take_from(tokens, processed, logits):
+    def take_from(b, tokens, processed, logits):
         def take(i: int, token: int) -> bool:
-            nonlocal seq
             if want_scores:
                 scores.append(processed[:, i])
             if want_logits:
                 raw_logits.append(logits[:, i])
-            seq = torch.cat([seq, tokens[:, i : i + 1]], dim=-1)
+            rows[b] = torch.cat([rows[b], tokens[b:b + 1, i : i + 1]], dim=-1)
             if streamer is not None:
-                streamer.put(tokens[:, i : i + 1].cpu())
-            return bool(stopping_criteria(seq, processed[:, i]).all())
+                streamer.put(tokens[b:b + 1, i : i + 1].cpu())
+            return bool(stopping_criteria(rows[b], processed[b:b + 1, i]).all())
 
         return take
 
-    first, processed, logits = start(target, state, drafter, input_ids, process, sampler, max_len)
-    done = take_from(first, processed[:, None], logits[:, None])(0, int(first[0, 0]))
+    first, processed, logits = start(target, state, drafter, input_ids, process, sampler, max_len, attention_mask,
+                                     position_ids)
+    for b, token in enumerate(first[:, 0].tolist()):
+        done[b] = take_from(b, first, processed[:, None], logits[:, None])(0, token)
     rnd = Round(target, state, drafter, opts.policy, sampler, exact=True, record_routing=recorder is not None)
     stats = HybridSpecStats()
-    started = _now(seq.device)
-    while not done:
+    started = _now(input_ids.device)
+    while not all(done):
         if recorder is not None:
             recorder.begin()
-        budget = torch.full((seq.shape[0],), max_len - seq.shape[1], dtype=torch.long, device=seq.device)
-        r = rnd(seq, budget, process)
-        # the round's one read after verifying: its lengths and the emitted tokens, together
-        m, empty, w, w0, layer0, *tokens = torch.cat(
-            [torch.stack([r.accepted[0] + 1, r.empty[0], r.w[0], r.w0[0], r.layer0[0]]), r.tokens[0]]).tolist()
-        kept, done = emit(tokens[:m], empty, take_from(r.tokens, r.processed, r.logits))
-        stats.record(w, w0, kept, layer0)
+        budget = torch.tensor([0 if done[b] else max_len - rows[b].shape[1] for b in range(B)], dtype=torch.long,
+                              device=input_ids.device)
+        # a host drafter reads the whole sequence (batch one); a device drafter only the anchors
+        context = rows[0] if B == 1 else torch.cat([r[:, -1:] for r in rows])
+        r = rnd(context, budget, process)
+        # the round's one read after verifying: every row's lengths and emitted tokens, together
+        table = torch.cat([torch.stack([r.accepted + 1, r.empty, r.w, r.w0, r.layer0], dim=-1), r.tokens], dim=-1)
+        kept_rows = []
+        for b, (m, empty, w, w0, layer0, *tokens) in enumerate(table.tolist()):
+            if done[b]:
+                continue
+            kept, done[b] = emit(tokens[:m], empty, take_from(b, r.tokens, r.processed, r.logits))
+            kept_rows.append(kept)
+        w, w0, layer0 = table[0, 2:5].tolist()
+        stats.record(w, w0, kept_rows if B > 1 else kept_rows[0], layer0)
         if recorder is not None:
-            recorder.end(r.block, w, kept, r.routing, done)
-    stats.decode_seconds = _now(seq.device) - started
+            recorder.end(r.block, w, kept_rows[0], r.routing, done[0])
+    stats.decode_seconds = _now(input_ids.device) - started
+    seq = assemble(rows, generation_config)
     return seq, tuple(scores) if want_scores else None, tuple(raw_logits) if want_logits else None, stats
+
+
+def assemble(rows: list[torch.Tensor], generation_config) -> torch.Tensor:
+    """`[B, n]` from each row's `[1, n_b]` sequence: rows that stopped early end in the pad token,
+    as transformers' batched `generate` pads a finished row (its `pad_token_id`, or the first EOS
+    id when that is None: `_prepare_special_tokens`)."""
+    n = max(r.shape[1] for r in rows)
+    if all(r.shape[1] == n for r in rows):
+        return torch.cat(rows)
+    pad = generation_config._pad_token_tensor
+    if pad is None:
+        raise ValueError("rows of the batch stopped at different lengths and the generation config has no "
+                         "pad_token_id to fill them with")
+    out = torch.full((len(rows), n), int(pad), dtype=rows[0].dtype, device=rows[0].device)
+    for b, r in enumerate(rows):
+        out[b, : r.shape[1]] = r[0]
+    return out
 
 
 def _now(device: torch.device) -> float:

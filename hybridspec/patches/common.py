@@ -33,10 +33,11 @@ def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor |
     return mod.out_proj(o.reshape(B, w, -1))
 
 
-def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start,
+def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start, pad,
                      apply_rope) -> torch.Tensor:
-    """Gated attention of w new tokens against one layer's KV buffers `[B, Hkv, rows, D]`: write w
-    rows at `start` (the committed length, a `[1]` device tensor)."""
+    """Gated attention of w new tokens against one layer's KV buffers `[B, Hkv, rows, D]`: write each
+    row's w new keys/values at its committed length `start` `[B]` (a device tensor) and attend over
+    the cache rows `pad_b .. start_b + i` (`pad` `[B]`: each row's left padding)."""
     B, w, _ = x.shape
     hidden_shape = (B, w, -1, mod.head_dim)
     q, gate = torch.chunk(mod.q_proj(x).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
@@ -45,21 +46,22 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     k = mod.k_norm(mod.k_proj(x).view(hidden_shape)).transpose(1, 2)
     v = mod.v_proj(x).view(hidden_shape).transpose(1, 2)
     q, k = apply_rope(q, k, *cos_sin)
-    rows = start + torch.arange(w, device=x.device)  # [w]
+    rows = start[:, None] + torch.arange(w, device=x.device)  # [B, w]
     # positions live on the device, so write by index and attend over the whole buffer under a
     # mask; rows past the round's w are computed and never used
-    keys.index_copy_(2, rows, k)
-    values.index_copy_(2, rows, v)
-    # query i sits at position start + i and sees keys 0..start + i
-    allowed = torch.arange(keys.shape[2], device=x.device)[None, :] <= rows[:, None]
+    index = rows[:, None, :, None].expand(B, keys.shape[1], w, keys.shape[3])
+    keys.scatter_(2, index, k)
+    values.scatter_(2, index, v)
+    # query i of row b sits at cache index start_b + i and sees the keys pad_b .. start_b + i
+    j = torch.arange(keys.shape[2], device=x.device)[None, None, :]
+    allowed = (j <= rows[:, :, None]) & (j >= pad[:, None, None])  # [B, w, rows]
     impl = mod.config._attn_implementation
     if impl == "eager" or impl is None:
         mask = torch.zeros(allowed.shape, dtype=q.dtype, device=x.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
     else:
         mask = allowed
-    mask = mask[None, None].expand(B, 1, w, keys.shape[2])
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
-    out, _ = attend(mod, q, keys, values, mask, dropout=0.0, scaling=mod.scaling)
+    out, _ = attend(mod, q, keys, values, mask[:, None], dropout=0.0, scaling=mod.scaling)
     out = out.reshape(B, w, -1) * torch.sigmoid(gate)
     return mod.o_proj(out)
 
@@ -82,9 +84,16 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
               num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Routed experts on `hybridspec.ops.moe_experts` (cost follows the distinct experts the w
     tokens touch) plus the block's own shared expert; `x` `[B, w, H]`, `ids`/`weights` `[B, w, k]`.
-    `num_tokens` (`[1]`, batch one): rows past it read no expert and get the shared expert only."""
+    `num_tokens` `[B]`: each row's counted tokens; its rows past them read no expert and get the
+    shared expert only."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
+    if num_tokens is not None and B > 1:
+        # the op counts rows of the flat [B * w] layout against one length: per batch row, mark the
+        # assignments past that row's count invalid instead (an id outside [0, E) reads no expert)
+        counted = torch.arange(w, device=x.device)[None, :] < num_tokens[:, None]  # [B, w]
+        ids = torch.where(counted[..., None], ids, -1)
+        num_tokens = None
     routed = hybridspec_experts_forward(mlp.experts, flat, ids.reshape(B * w, -1), weights.reshape(B * w, -1),
                                         num_tokens=num_tokens)
     shared = torch.sigmoid(mlp.shared_expert_gate(flat)) * mlp.shared_expert(flat)

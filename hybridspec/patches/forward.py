@@ -12,13 +12,13 @@ from hybridspec.patches.common import attention_verify, is_sparse_moe, moe_apply
 from hybridspec.state import MAX_VERIFY, GDNSlot, HybridState
 
 
-def allocate_state(family, model, cache, max_len: int) -> HybridState:
+def allocate_state(family, model, cache, max_len: int, pad: torch.Tensor | None = None) -> HybridState:
     """Buffers for one request, filled from transformers' prefill cache (`DynamicCache`)."""
     config = family.text_config(model)
     first_gdn = config.layer_types.index("linear_attention")
     conv0 = cache.layers[first_gdn].conv_states[0]  # [B, C, k]
     state = empty_state(family, model, conv0.shape[0], max_len, conv0.device)
-    load_prefill(state, cache)
+    load_prefill(state, cache, pad)
     return state
 
 
@@ -51,13 +51,16 @@ def empty_state(family, model, batch_size: int, max_len: int, device) -> HybridS
         gdn_layers=gdn_layers, attn_layers=attn_layers,
         gdn_states=torch.zeros(Lg, B, HV, Kd, Vd, **fp32), factors=factors,
         conv_windows=windows, conv_inputs=windows.new_zeros(Lg, B, C, MAX_VERIFY),
-        keys=keys, values=values, length=torch.zeros(1, dtype=torch.long, device=device),
+        keys=keys, values=values, length=torch.zeros(B, dtype=torch.long, device=device),
+        pad=torch.zeros(B, dtype=torch.long, device=device),
     )
 
 
-def load_prefill(state: HybridState, cache) -> None:
+def load_prefill(state: HybridState, cache, pad: torch.Tensor | None = None) -> None:
     """Copy a prefill `DynamicCache` into `state`'s buffers in place (their addresses stay, as
-    captured graphs need) and set the committed length to the prompt length."""
+    captured graphs need) and set every row's committed length to the (padded) prompt length;
+    `pad` `[B]`: each row's left padding (None: none). The cache's padded rows are copied too and
+    stay masked: transformers' prefill zeroed their GDN inputs, so they reached no state or window."""
     for n, i in enumerate(state.gdn_layers):
         state.gdn_states[n].copy_(cache.layers[i].recurrent_states[0])
         state.conv_windows[n].copy_(cache.layers[i].conv_states[0])
@@ -68,6 +71,10 @@ def load_prefill(state: HybridState, cache) -> None:
         state.keys[n][:, :, :length] = cache.layers[i].keys
         state.values[n][:, :, :length] = cache.layers[i].values
     state.length.fill_(length)
+    if pad is None:
+        state.pad.zero_()
+    else:
+        state.pad.copy_(pad)
     state.written = 0
 
 
@@ -120,6 +127,7 @@ def stage1(family, model, kept: Stage0, w: int, state: HybridState, taps: tuple[
     """Resume at Layer 0's experts for the first w Stage-0 tokens and run the rest of the stack;
     returns what `verify_forward` returns for those w tokens. Stage-0 rows past w are not read."""
     layer = family.text_model(model).layers[0]
+    state.relayout(0, kept.residual.shape[1], w)
     ids = kept.topk_ids[:, :w]
     if routing is not None:
         routing.append(ids)
@@ -140,10 +148,10 @@ def gdn_block(family, layer, h: torch.Tensor, slot: GDNSlot, num_tokens, routing
     return h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
 
 
-def attention_block(family, layer, h: torch.Tensor, cos_sin, keys, values, length, num_tokens,
+def attention_block(family, layer, h: torch.Tensor, cos_sin, keys, values, length, pad, num_tokens,
                     routing=None) -> torch.Tensor:
     """One attention decoder layer of a verified block."""
-    h = h + attention_verify(layer.self_attn, layer.input_layernorm(h), cos_sin, keys, values, length,
+    h = h + attention_verify(layer.self_attn, layer.input_layernorm(h), cos_sin, keys, values, length, pad,
                              family.apply_rope)
     return h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
 
@@ -173,7 +181,8 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
     before `start` (Stage 1 has run Layer 0 itself)."""
     B, w = h.shape[:2]
     text = family.text_model(model)
-    positions = state.length + torch.arange(w, device=h.device)[None].expand(B, w)
+    # transformers' position of cache index j in a left-padded row is j - pad
+    positions = (state.length - state.pad)[:, None] + torch.arange(w, device=h.device)  # [B, w]
     cos_sin = family.rope(model, h, positions)
     tapped = dict(tapped or {})
     for i in range(start, len(text.layers)):
@@ -183,7 +192,7 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
         else:
             ai = state.attn_slot[i]
             h = blocks.attention(family, layer, h, cos_sin, state.keys[ai], state.values[ai], state.length,
-                                 state.num_tokens, routing)
+                                 state.pad, state.num_tokens, routing)
         if i in taps:
             tapped[i] = h
     state.written = w

@@ -44,9 +44,9 @@ class CondVerify:
         for buf, new in zip(state.factors, (z, k, g)):
             buf.copy_(new)
         state.conv_inputs.copy_(conv_inputs)
-        rows = state.length + torch.arange(self.width, device=hidden.device)
+        rows = _rows(state.length, self.width, state.keys[0])
         for buf, new in zip(state.keys + state.values, keys + values):
-            buf.index_copy_(2, rows, new)
+            buf.scatter_(2, rows, new)
         # the commit reads the first m of `width` rows
         state.written = self.width
         return hidden, feats
@@ -72,9 +72,16 @@ class CondVerify:
             hidden, feats = stage1(self.family, self.model, Stage0(*operands), n, scratch, self.taps)
         else:
             hidden, feats = verify_forward(self.family, self.model, operands[0][:, :n], scratch, self.taps)
-        rows = scratch.length + torch.arange(self.width, device=hidden.device)
+        rows = _rows(scratch.length, self.width, scratch.keys[0])
         return (_pad_rows(hidden, self.width), _pad_rows(feats, self.width), *scratch.factors, scratch.conv_inputs,
-                *(buf.index_select(2, rows) for buf in scratch.keys + scratch.values))
+                *(buf.gather(2, rows) for buf in scratch.keys + scratch.values))
+
+
+def _rows(length: torch.Tensor, width: int, like: torch.Tensor) -> torch.Tensor:
+    """Each row's cache indices `length_b .. length_b + width - 1`, as a gather/scatter index into a
+    KV buffer shaped like `like` `[B, Hkv, rows, D]`."""
+    rows = length[:, None] + torch.arange(width, device=length.device)  # [B, width]
+    return rows[:, None, :, None].expand(like.shape[0], like.shape[1], width, like.shape[3])
 
 
 def _pad_rows(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -104,21 +104,29 @@ class Round:
 
     @torch.no_grad()
     def __call__(self, context: torch.Tensor, budget: torch.Tensor, process: Process) -> RoundResult:
-        """One round after `context[:, -1]`, the anchor; `budget` `[B]`: output tokens still
-        allowed (at least 1)."""
+        """One round after `context[:, -1]`, the anchor; `budget` `[B]`: output tokens still allowed
+        per row. A row without budget (it reached its limit, or EOS where the caller zeroed it)
+        still runs, counts one row and commits nothing, so a finished row of a batch stays put."""
         state = self.state
+        B = budget.shape[0]
+        cap = budget.clamp(min=1)
         block = stages.draft(self.drafter, context)
-        selection = stages.select(self.policy, block, budget)
+        selection = stages.select(self.policy, block, cap)
         tokens = torch.cat([context[:, -1:], block.tokens], dim=-1)  # [B, W]
         kept = stages.route_layer0(self.target, tokens, state)
-        w, layer0 = stages.correct(self.correction, selection, kept, budget, self.target.num_experts)
+        w, layer0 = stages.correct(self.correction, selection, kept, cap, self.target.num_experts)
+        # a batch verifies one w; each row counts at most its budget (batch one: w <= budget)
+        counted = torch.minimum(w, cap)
         # the reference loop's one host read of a length: it verifies exactly w rows
         rows = int(w[0]) if self.exact else None
         routing = [] if self.record_routing else None
-        hidden, features = stages.verify(self.target, state, tokens, kept, w, rows, self.two_stage, self.cond, routing)
+        hidden, features = stages.verify(self.target, state, tokens, kept, counted, rows, self.two_stage, self.cond,
+                                         routing)
         logits, processed = stages.score(self.target, hidden, block.tokens, process)
-        emitted, accepted = stages.accept(self.sampler.round_rule, processed, block.tokens, None if self.exact else w)
-        stages.commit(state, self.drafter, features, accepted + 1)
+        limit = None if self.exact and B == 1 else counted
+        emitted, accepted = stages.accept(self.sampler.round_rule, processed, block.tokens, limit)
+        m = torch.where(budget > 0, accepted + 1, 0)
+        stages.commit(state, self.drafter, features, m)
         return RoundResult(block, selection.w0, w, emitted, accepted, self.sampler.empty(processed, accepted), layer0,
                            logits, processed, routing)
 

@@ -13,7 +13,7 @@ import torch
 from hybridspec.drafter.protocol import DraftBlock, Drafter
 from hybridspec.ops.routing import distinct_prefix_counts
 from hybridspec.patches.forward import Stage0, stage0, stage1, verify_forward
-from hybridspec.policy import Policy, RoutingCorrection, Selection
+from hybridspec.policy import Correction, Policy, Selection
 from hybridspec.round.protocols import AcceptRule, Process
 from hybridspec.round.target import Target
 from hybridspec.state import HybridState
@@ -40,23 +40,17 @@ def route_layer0(target: Target, tokens: torch.Tensor, state: HybridState) -> St
     return stage0(target.family, target.model, tokens, state)
 
 
-def correct(correction: RoutingCorrection | None, selection: Selection, kept: Stage0 | None, budget: torch.Tensor,
+def correct(correction: Correction | None, selection: Selection, kept: Stage0 | None, cap: torch.Tensor,
             num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The verified length w `[B]` (w0, or w0 + 1 where the routing correction keeps the extra
-    token) and the distinct Layer-0 experts its w tokens route to (`[B]`, -1 without Stage 0)."""
+    """The verified length w `[B]` (w0, or longer where the routing correction keeps extra tokens)
+    and the distinct Layer-0 experts its w tokens route to (`[B]`, -1 without Stage 0). `cap` `[B]`:
+    each row's budget (at least 1)."""
     w0 = selection.w0
     if kept is None:
         return w0, torch.full_like(w0, -1)
+    w = w0 if correction is None else correction.extend(selection, kept.topk_ids, cap, num_experts)
     distinct = distinct_prefix_counts(kept.topk_ids, num_experts)  # [B, W]
-    w = w0
-    if correction is not None:
-        W = distinct.shape[1]
-        # token w0 + 1 against the union of the first w0: entry w0 of the new-expert counts
-        at = w0.clamp(1, W - 1)[:, None]
-        n_new = (distinct.gather(1, at) - distinct.gather(1, at - 1))[:, 0]
-        room = (w0 < budget) & (w0 < W)
-        w = w0 + (correction.keep_extra(selection.prefix, w0, n_new) & room).long()
-    return w, distinct.gather(1, (w - 1)[:, None])[:, 0]
+    return w, distinct.gather(1, (torch.minimum(w, cap) - 1)[:, None])[:, 0]
 
 
 def verify(target: Target, state: HybridState, tokens: torch.Tensor, kept: Stage0 | None, w: torch.Tensor,

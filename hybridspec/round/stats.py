@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 @dataclass
 class HybridSpecStats:
+    """Per round: `verify_lengths`, `nominal_lengths`, `layer0_experts` (row 0's); `accepted`
+    holds each row's drafts kept per round (a batch appends its rows that were still emitting, in
+    row order), so `mean_acceptance_length` is per row and round."""
+
     verify_lengths: list[int] = field(default_factory=list)
     # the policy's nominal choice w0 per round (the routing correction may add one token)
     nominal_lengths: list[int] = field(default_factory=list)
@@ -22,16 +26,17 @@ class HybridSpecStats:
     replay_seconds: list[float] = field(default_factory=list, compare=False)
     launched: int = field(default=0, compare=False)
 
-    def record(self, w: int, w0: int, kept: int, layer0: int) -> None:
-        """One round: its verified and nominal lengths, the drafts kept, its Layer-0 experts."""
+    def record(self, w: int, w0: int, kept: int | list[int], layer0: int) -> None:
+        """One round: its verified and nominal lengths, the drafts kept (an int, or a batch's list
+        over the rows still emitting), its Layer-0 experts."""
         self.verify_lengths.append(w)
         self.nominal_lengths.append(w0)
-        self.accepted.append(kept)
+        self.accepted.extend(kept if isinstance(kept, list) else [kept])
         self.layer0_experts.append(layer0)
 
     @property
     def rounds(self) -> int:
-        return len(self.accepted)
+        return len(self.verify_lengths)
 
     @property
     def mean_acceptance_length(self) -> float:

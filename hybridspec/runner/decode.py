@@ -16,7 +16,7 @@ from transformers.generation import logits_process
 
 from hybridspec.cache import BoundedCache
 from hybridspec.drafter.protocol import DeviceDrafter
-from hybridspec.policy import FixedPolicy, RatioPolicy
+from hybridspec.policy import BATCH_SIZES, FixedPolicy, RatioPolicy
 from hybridspec.round.round import Sampler
 from hybridspec.round.stopping import HostStopping
 from hybridspec.runner.runner import Runner
@@ -72,29 +72,42 @@ def _sampler(logits_processor, generation_config, rule=None) -> tuple[Sampler, t
     return Sampler(bool(generation_config.do_sample), warpers, rule), key
 
 
+def _attr(batch_size: int) -> str:
+    """The model attribute holding its runner for one batch size (batch one keeps the plain name)."""
+    return _ATTR if batch_size == 1 else f"{_ATTR}_b{batch_size}"
+
+
 def cached_runner(model, drafter, policy, logits_processor, generation_config, enforce_eager: bool,
-                  rule=None) -> Runner:
-    """The model's runner for this combination, built (and captured) when the last one does not fit.
+                  rule=None, batch_size: int = 1) -> Runner:
+    """The model's runner for this combination and batch size (1, 2 or 4: one runner, with its
+    captured graphs, per size), built (and captured) when the last one of that size does not fit.
     Capacity is the call's `max_length` rounded up to a power of two (at least 256)."""
     sampler, sampler_key = _sampler(logits_processor, generation_config, rule)
     key = (id(drafter), _policy_key(policy), sampler_key, enforce_eager)
     need = generation_config.max_length
-    runner = model.__dict__.get(_ATTR)
+    attr = _attr(batch_size)
+    runner = model.__dict__.get(attr)
     if runner is not None and runner.key == key and runner.capacity >= need and runner.drafter is drafter:
         return runner
     if runner is not None:
-        release_runner(model)
+        _release(model, attr)
         del runner
     capacity = max(256, 1 << (need - 1).bit_length())
-    runner = Runner(model, drafter, policy, capacity=capacity, sampler=sampler, enforce_eager=enforce_eager)
+    runner = Runner(model, drafter, policy, capacity=capacity, sampler=sampler, enforce_eager=enforce_eager,
+                    batch_size=batch_size)
     runner.key = key
-    setattr(model, _ATTR, runner)
+    setattr(model, attr, runner)
     return runner
 
 
 def release_runner(model) -> None:
-    """Drop the model's cached runner (captured graphs, KV and state buffers) and return its memory."""
-    runner = model.__dict__.pop(_ATTR, None)
+    """Drop the model's cached runners (captured graphs, KV and state buffers) and return their memory."""
+    for batch_size in BATCH_SIZES:
+        _release(model, _attr(batch_size))
+
+
+def _release(model, attr: str) -> None:
+    runner = model.__dict__.pop(attr, None)
     if runner is not None:
         runner.release()
         if torch.cuda.is_available():

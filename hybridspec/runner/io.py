@@ -1,4 +1,4 @@
-"""The static buffers between the host and a captured step (batch one).
+"""The static buffers between the host and a captured step, one row per batch row.
 
 Each step writes `out` `[B, T + EXTRA]`: the T tokens of the round (the first m are emitted), then
 m, w, w0, the first emitted position whose sampled distribution was empty (T + 1 if none) and the
@@ -23,9 +23,10 @@ class RoundIO:
     out: torch.Tensor  # [B, T + EXTRA] long
 
     @classmethod
-    def allocate(cls, width: int, device) -> RoundIO:
-        return cls(torch.zeros(1, 1, dtype=torch.long, device=device), torch.ones(1, dtype=torch.long, device=device),
-                   torch.zeros(1, width + EXTRA, dtype=torch.long, device=device))
+    def allocate(cls, width: int, device, batch_size: int = 1) -> RoundIO:
+        B = batch_size
+        return cls(torch.zeros(B, 1, dtype=torch.long, device=device), torch.ones(B, dtype=torch.long, device=device),
+                   torch.zeros(B, width + EXTRA, dtype=torch.long, device=device))
 
     def finish(self, tokens: torch.Tensor, accepted: torch.Tensor, w: torch.Tensor, w0: torch.Tensor,
                empty: torch.Tensor, layer0: torch.Tensor) -> None:

@@ -1,6 +1,7 @@
 """`Runner`: static buffers, captured steps and the host loop of the fast path (issue 6).
 
-A runner owns one request slot sized for `capacity` positions: the verification state (KV
+A runner owns one request slot of `batch_size` rows (1, 2 or 4; a batch of 3 runs as 4), each sized
+for `capacity` positions: the verification state (KV
 buffers, the GDN state buffer, conv windows, round factors), the drafter's context, and the
 round's I/O buffers. Its step (a `hybridspec.round.Round`, or `ar_step` without a drafter) is
 captured once as a CUDA graph. Per request the host runs transformers' prefill (eager), copies
@@ -38,7 +39,7 @@ RING = 4
 
 
 class Runner:
-    """The fast path for one target (and drafter), batch one.
+    """The fast path for one target (and drafter), for batches of `batch_size` rows.
 
     `drafter`: a `DeviceDrafter` (`hybridspec.drafter.protocol`, e.g. `DFlashDrafter`) or None for
     autoregressive decoding. `policy`: a `hybridspec.policy.Policy` (ignored without a drafter).
@@ -55,7 +56,7 @@ class Runner:
 
     def __init__(self, model, drafter: DeviceDrafter | None = None, policy=None, *, capacity: int,
                  sampler: Sampler | None = None, enforce_eager: bool = False, compile: bool | None = None,
-                 dispatch: str = "fixed"):
+                 dispatch: str = "fixed", batch_size: int = 1):
         if dispatch not in ("fixed", "cond"):
             raise ValueError(f"dispatch must be 'fixed' or 'cond', got {dispatch!r}")
         if dispatch == "cond" and drafter is None:
@@ -67,8 +68,11 @@ class Runner:
         if drafter is not None and not isinstance(drafter, DeviceDrafter):
             raise TypeError(f"the runner captures its drafter in the round: {type(drafter).__name__} is not a "
                             "DeviceDrafter (hybridspec.drafter.protocol)")
+        if dispatch == "cond" and batch_size != 1:
+            raise ValueError("dispatch='cond' dispatches on one row's length: batch size 1 only")
         if dispatch == "cond":
             enforce_eager = True
+        self.batch_size = B = batch_size
         self.model, self.drafter, self.policy = model, drafter, policy
         self.sampler = sampler or Sampler(do_sample=False)
         self.capacity = capacity
@@ -80,10 +84,10 @@ class Runner:
         taps = tuple(drafter.target_layer_ids) if drafter is not None else ()
         self.target = Target(model, taps, Blocks.compiled() if self.compiled else EAGER)
         self.device = self.target.device
-        self.state = empty_state(self.target.family, model, 1, rows, self.device)
+        self.state = empty_state(self.target.family, model, B, rows, self.device)
         if drafter is not None:
-            drafter.reset(1, rows)
-        self.io = RoundIO.allocate(self.width, self.device)
+            drafter.reset(B, rows)
+        self.io = RoundIO.allocate(self.width, self.device, B)
         self.round = None
         if drafter is not None:
             self.round = Round(self.target, self.state, drafter, policy, self.sampler)
@@ -95,15 +99,15 @@ class Runner:
         self.step = CapturedStep(self._step_fn, self.device, enforce_eager)
         self._drafter_buffers = self._drafter_pointers()
         pinned = self.device.type == "cuda"
-        self.ring = torch.zeros(RING, self.width + EXTRA, dtype=torch.long, pin_memory=pinned)
+        self.ring = torch.zeros(RING, B, self.width + EXTRA, dtype=torch.long, pin_memory=pinned)
         # views made once: each view costs microseconds of host time per round
         self._ring_rows = list(self.ring.unbind(0))
-        self._out_row = self.io.out[0]
+        self._out_row = self.io.out
         self.events = [torch.cuda.Event() for _ in range(RING)] if pinned else None
 
     def _spec_step(self) -> None:
         io = self.io
-        r = self.round(io.anchor, io.budget.clamp(min=1), self.sampler.process)
+        r = self.round(io.anchor, io.budget, self.sampler.process)
         io.finish(r.tokens, r.accepted, r.w, r.w0, r.empty, r.layer0)
 
     def _ar_step(self) -> None:
@@ -124,16 +128,19 @@ class Runner:
         self.step = self.round = self.state = self.io = self.ring = self._ring_rows = self._out_row = None
 
     @torch.no_grad()
-    def start(self, input_ids: torch.Tensor, logits_processor=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill `input_ids` `[1, P]` and load the static buffers. Returns the first token `[1, 1]`
-        and its processed scores `[1, V]` (transformers' processors at the prompt's last position)."""
-        if input_ids.shape[0] != 1:
-            raise ValueError(f"the runner decodes one sequence; got input_ids {tuple(input_ids.shape)}")
+    def start(self, input_ids: torch.Tensor, logits_processor=None, attention_mask: torch.Tensor | None = None,
+              position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill `input_ids` `[B, P]` (left-padded with `attention_mask` and transformers'
+        `position_ids`, or unpadded) and load the static buffers. Returns the first tokens `[B, 1]`
+        and their processed scores `[B, V]` (transformers' processors at the prompt's last position)."""
+        B = self.batch_size
+        if input_ids.shape[0] != B:
+            raise ValueError(f"this runner decodes batches of {B}; got input_ids {tuple(input_ids.shape)}")
         P = input_ids.shape[1]
         if P >= self.capacity:
             raise ValueError(f"a prompt of {P} tokens does not fit a runner of capacity {self.capacity}")
         if self.drafter is not None:
-            self.drafter.reset(1, self.rows)
+            self.drafter.reset(B, self.rows)
             if self._drafter_pointers() != self._drafter_buffers:
                 # the drafter reallocated buffers the graph captured (it served another call in
                 # between): capture again; `start` below clears what the warm-up left
@@ -144,19 +151,33 @@ class Runner:
                 return process_positions(logits_processor, input_ids, drafts, logits)
         else:
             process = self.sampler.process
-        first, processed, _ = start(self.target, self.state, self.drafter, input_ids, process, self.sampler, self.rows)
+        first, processed, _ = start(self.target, self.state, self.drafter, input_ids, process, self.sampler, self.rows,
+                                    attention_mask, position_ids)
         self.io.anchor.copy_(first)
         return first, processed
 
     @torch.no_grad()
     def decode(self, prompt_length: int, first: int, stop: HostStopping, on_tokens=None) -> tuple[list[int], HybridSpecStats]:
-        """Rounds after `start` until `stop` says so. Returns the emitted tokens after the prompt
-        (`first` included) and per-round statistics. `on_tokens(list)` sees each round's tokens."""
-        out, stats = [first], HybridSpecStats()
-        if stop(prompt_length + 1, first):
+        """Rounds after `start` (batch one) until `stop` says so. Returns the emitted tokens after the
+        prompt (`first` included) and per-round statistics. `on_tokens(list)` sees each round's tokens."""
+        rows, stats = self.decode_batch(prompt_length, [first], stop, on_tokens)
+        return rows[0], stats
+
+    @torch.no_grad()
+    def decode_batch(self, prompt_length: int, first: list[int], stop: HostStopping, on_tokens=None,
+                     live: int | None = None) -> tuple[list[list[int]], HybridSpecStats]:
+        """Rounds after `start` until every row has stopped (`stop`, per row). Returns each row's
+        emitted tokens after the (padded) prompt, `first` included, and per-round statistics. A
+        row that stops keeps running on the device without budget (it commits nothing). `live`:
+        the rows that count (a batch of 3 runs as 4; the filler row is stopped from the start)."""
+        live = len(first) if live is None else live
+        out, stats = [[t] for t in first], HybridSpecStats()
+        done = [b >= live or stop(prompt_length + 1, t) for b, t in enumerate(first)]
+        if all(done):
             return out, stats
         started = time.perf_counter()
         self.io.budget.fill_(stop.max_length - prompt_length - 1)
+        self._retire(done)
         pending: deque[int] = deque()
         launched = 0
         while True:
@@ -177,31 +198,45 @@ class Runner:
             if self.events is not None:
                 self.events[slot].synchronize()
             t2 = time.perf_counter()
-            done = self._read(self._ring_rows[slot].tolist(), prompt_length, out, stats, stop, on_tokens)
+            self._read(self._ring_rows[slot].tolist(), prompt_length, out, done, stats, stop, on_tokens)
             stats.host_seconds.append((t1 - t0) + (time.perf_counter() - t2))
-            if done:
+            if all(done):
                 if self.events is not None:
                     torch.cuda.synchronize(self.device)
                 stats.decode_seconds, stats.launched = time.perf_counter() - started, launched
                 return out, stats
 
-    def _read(self, row, prompt_length, out, stats, stop, on_tokens) -> bool:
-        m, w, w0, empty, layer0 = (row[self.width + c] for c in (M, W_COL, W0_COL, EMPTY_COL, L0_COL))
-        new = []
+    def _retire(self, done: list[bool]) -> None:
+        """Rows that stopped get no more budget: from the next launched round on they commit
+        nothing, and the batched length choice no longer counts them (a write between replays)."""
+        if self.batch_size > 1 and any(done):
+            self.io.budget.masked_fill_(torch.tensor(done, device=self.device), 0)
 
-        def take(i, token):
-            new.append(token)
-            return stop(prompt_length + len(out) + len(new), token)
+    def _read(self, table, prompt_length, out, done, stats, stop, on_tokens) -> None:
+        kept_rows, newly = [], False
+        for b, row in enumerate(table):
+            if done[b]:
+                continue
+            m, empty = row[self.width + M], row[self.width + EMPTY_COL]
+            new = []
 
-        kept, done = emit(row[:m], empty, take)
-        out.extend(new)
-        stats.record(w, w0, kept, layer0)
-        if on_tokens is not None:
-            on_tokens(new)
-        return done
+            def take(i, token, b=b, new=new):
+                new.append(token)
+                return stop(prompt_length + len(out[b]) + len(new), token)
+
+            kept, done[b] = emit(row[:m], empty, take)
+            newly |= done[b]
+            out[b].extend(new)
+            kept_rows.append(kept)
+            if on_tokens is not None:
+                on_tokens(new)
+        w, w0, layer0 = (table[0][self.width + c] for c in (W_COL, W0_COL, L0_COL))
+        stats.record(w, w0, kept_rows if self.batch_size > 1 else kept_rows[0], layer0)
+        if newly:
+            self._retire(done)
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> tuple[torch.Tensor, HybridSpecStats]:
-        """Plain decoding (no transformers processors): `[1, P + n]` and the statistics."""
+        """Plain decoding (no transformers processors, batch one): `[1, P + n]` and the statistics."""
         P = input_ids.shape[1]
         if P + max_new_tokens > self.capacity:
             raise ValueError(f"{P} prompt + {max_new_tokens} new tokens exceed the runner's capacity {self.capacity}")

@@ -138,7 +138,8 @@ class DeviceReplayDrafter(_Wrapping):
 
     Draws come from torch's global generator of the device (`torch.manual_seed` fixes a run); set
     `.continuation` (the target's greedy tokens after the prompt, `[n]`) before each call. The
-    first `observe` after `reset` is the prompt's; the rounds' count the emitted tokens.
+    first `observe` after `reset` is the prompt's; the rounds' count the emitted tokens. Batched:
+    every row draws its own rounds (`continuation` `[B, n]`, one per row).
 
     Each `propose` also keeps the round's continuation (`truth`) and its count of leading correct
     drafts (`correct_prefix`): `hybridspec.sim.forced.ForcedAcceptance` reads them to replace the
@@ -154,27 +155,23 @@ class DeviceReplayDrafter(_Wrapping):
         self.vocab_size = vocab_size
         self.truth: torch.Tensor | None = None  # [B, D + 1] continuation from the anchor's successor
         self.correct_prefix: torch.Tensor | None = None  # [B] leading correct drafts of the last round
-        self._truth: torch.Tensor | None = None  # [rows] long, static
-        self._known = None  # [1] long: tokens of the continuation in `_truth`
-        self._emitted = None  # [1] long: tokens emitted so far, the anchor included
+        self._truth: torch.Tensor | None = None  # [B, rows] long, static
+        self._known = None  # [B] long: tokens of the continuation in `_truth`
+        self._emitted = None  # [B] long: tokens emitted so far, the anchor included
         self._prompt_next = False
 
-    def reset(self, batch_size: int, max_length: int) -> None:
-        """As `DFlashDrafter.reset` with a fixed size (the runner's call); the continuation is
-        copied into a static buffer."""
-        if batch_size != 1:
-            raise ValueError(f"DeviceReplayDrafter drafts for one sequence, got batch size {batch_size}")
-        self.drafter.reset(batch_size, max_length)
-        self._load(max_length)
+    def reset(self, batch_size: int, max_length: int, pad: torch.Tensor | None = None) -> None:
+        """As `DFlashDrafter.reset` with a fixed size (the runner's call); the continuation (`[n]`
+        for every row, or `[B, n]`, one per row) is copied into a static buffer."""
+        self.drafter.reset(batch_size, max_length, pad)
+        self._load(batch_size, max_length)
         self._emitted.fill_(0)
         self._prompt_next = True
 
     def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
         """The reference loop's call: a growable context holding the prompt."""
-        if input_ids.shape[0] != 1:
-            raise ValueError(f"DeviceReplayDrafter drafts for one sequence, got input_ids {tuple(input_ids.shape)}")
         self.drafter.start(input_ids, features)
-        self._load(self.continuation.numel())
+        self._load(input_ids.shape[0], self.continuation.shape[-1])
         # the first emitted token is the anchor of the first round
         self._emitted.fill_(1)
         self._prompt_next = False
@@ -189,18 +186,25 @@ class DeviceReplayDrafter(_Wrapping):
             config["replay"] = self.acceptance.fingerprint_config()
         return config
 
-    def _load(self, rows: int) -> None:
-        cont = self.continuation.flatten()
+    def _load(self, batch_size: int, rows: int) -> None:
+        cont = self.continuation.reshape(-1, self.continuation.shape[-1])
+        if cont.shape[0] > batch_size:
+            raise ValueError(f"continuation {tuple(self.continuation.shape)} has {cont.shape[0]} rows for a batch of "
+                             f"{batch_size}")
+        # rows past the continuation's (one for every row, or the filler row of a batch of 3 run
+        # as 4, a copy of row 0) replay row 0's
+        cont = torch.cat([cont, cont[:1].expand(batch_size - cont.shape[0], -1)])
         device = self.drafter.fc.weight.device
         rows = max(rows, 1)
-        if self._truth is None or self._truth.shape[0] < rows or self._truth.device != device:
-            self._truth = torch.zeros(rows, dtype=torch.long, device=device)
-            self._known = torch.zeros(1, dtype=torch.long, device=device)
-            self._emitted = torch.zeros(1, dtype=torch.long, device=device)
+        if (self._truth is None or self._truth.shape[0] != batch_size or self._truth.shape[1] < rows
+                or self._truth.device != device):
+            self._truth = torch.zeros(batch_size, rows, dtype=torch.long, device=device)
+            self._known = torch.zeros(batch_size, dtype=torch.long, device=device)
+            self._emitted = torch.zeros(batch_size, dtype=torch.long, device=device)
         if self.acceptance is not None:
             self.acceptance.prepare(device)
-        n = min(cont.shape[0], self._truth.shape[0])
-        self._truth[:n].copy_(cont[:n])
+        n = min(cont.shape[1], self._truth.shape[1])
+        self._truth[:, :n].copy_(cont[:, :n])
         self._known.fill_(n)
 
     def propose(self, sequence: torch.Tensor) -> DraftBlock:
@@ -210,7 +214,7 @@ class DeviceReplayDrafter(_Wrapping):
         # drafts d_1..d_D are continuation[emitted .. emitted + D - 1]
         index = self._emitted[:, None] + torch.arange(D + 1, device=anchor.device)  # [B, D + 1]
         known = index < self._known[:, None]
-        truth = self._truth[index.clamp(max=self._truth.shape[0] - 1)]
+        truth = self._truth.gather(1, index.clamp(max=self._truth.shape[1] - 1))
         if self.acceptance is None:
             drawn = replay_round(None, truth[:, :D], known[:, :D], self.vocab_size)
         else:

@@ -29,7 +29,7 @@ def calibrate(root: Path) -> Path:
     with pytest.warns(UserWarning, match="byte-level"):
         code = main(["calibrate", "--target", str(root / "target"), "--drafter", f"replay:{root / 'drafter'}",
                      "--prompts", str(PROMPTS), "--out", str(out), "--device", "cpu", "--max-new-tokens", "32",
-                     "--lengths", "2,8,16", "--seed", "1"])
+                     "--lengths", "2,8,16", "--seed", "1", "--batch-sizes", "1", "2"])
     assert code == 0
     return out
 
@@ -60,6 +60,24 @@ def test_calibrate_then_generate(tmp_path, capsys):
         got = model.generate(prompt, assistant_model=replay, hybridspec=True, policy=policy, calibration=str(out),
                              max_new_tokens=30, do_sample=False)
         assert torch.equal(got, ref), policy
+    # the batch-2 entry drives batched calls (issue 18); batch 4 was not measured
+    (entry,) = calib.batches
+    assert entry.batch_size == 2 and entry.lengths == (2, 4, 8, 12, 16) and entry.rho > 0
+    assert entry.static_length in entry.lengths and len(entry.nbar) == 5
+    assert Calibration.from_dict(calib.to_dict()) == calib
+    pair = torch.tensor([[0, 0, 5, 9, 33], [4, 70, 2, 11, 6]])
+    mask = (torch.arange(5) >= torch.tensor([[2], [0]])).long()
+    hybridspec.disable(model)
+    ref = model.generate(pair, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    hybridspec.enable(model)
+    for policy in ("hybridspec", "static"):
+        replay.continuation = ref[:, 5:]
+        got = model.generate(pair, attention_mask=mask, assistant_model=replay, hybridspec=True, policy=policy,
+                             calibration=calib, max_new_tokens=20, do_sample=False, pad_token_id=0)
+        assert torch.equal(got, ref), policy
+    with pytest.raises(ValueError, match="holds batch sizes \\[1, 2\\], not 4.*hybridspec calibrate --batch-sizes 1 2 4"):
+        model.generate(pair.repeat(2, 1), attention_mask=mask.repeat(2, 1), assistant_model=replay, hybridspec=True,
+                       calibration=calib, max_new_tokens=4, pad_token_id=0)
     # a plain DFlash drafter is not the replay drafter that was calibrated
     with pytest.raises(ValueError, match="drafter"):
         model.generate(prompt, assistant_model=replay.drafter, hybridspec=True, calibration=str(out), max_new_tokens=4)

@@ -66,11 +66,12 @@ def test_bad_requests_raise(model, kwargs, message):
 
 
 def test_batch_and_padding_raise(model):
-    with pytest.raises(ValueError, match=r"one sequence at a time; got input_ids \(2, 4\)"):
-        model.generate(torch.zeros(2, 4, dtype=torch.long), max_new_tokens=2, hybridspec=True,
+    # batches of 1..4 decode (tests/generation/test_batched.py); larger ones and right padding raise
+    with pytest.raises(ValueError, match=r"batches of 1 to 4 sequences; got input_ids \(5, 4\)"):
+        model.generate(torch.zeros(5, 4, dtype=torch.long), max_new_tokens=2, hybridspec=True,
                        assistant_model=drafter_for(torch.zeros(1, 4), torch.zeros(1, 4, dtype=torch.long)))
-    with pytest.raises(ValueError, match="padded inputs"):
-        model.generate(torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.tensor([[0, 1, 1, 1]]),
+    with pytest.raises(ValueError, match="right .*padding is not supported"):
+        model.generate(torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.tensor([[1, 1, 1, 0]]),
                        max_new_tokens=2, hybridspec=True,
                        assistant_model=drafter_for(torch.zeros(1, 4), torch.zeros(1, 4, dtype=torch.long)))
 
