@@ -41,19 +41,20 @@ class HeadCase:
 
 
 def make_inputs(case: HeadCase, device: str):
-    gen = torch.Generator().manual_seed(case.seed)
+    # drawn on the device: a 248,320 x 2048 weight takes seconds to draw on the host
+    gen = torch.Generator(device=device).manual_seed(case.seed)
     N, H, V = case.N, case.H, case.V
     if case.data == "grid":
-        hidden = torch.randint(-2, 3, (N, H), generator=gen) / 2
-        weight = torch.randint(-8, 9, (V, H), generator=gen) / 8
+        hidden = torch.randint(-2, 3, (N, H), generator=gen, device=device) / 2
+        weight = torch.randint(-8, 9, (V, H), generator=gen, device=device) / 8
     else:
-        hidden = torch.randn(N, H, generator=gen) * 2
-        weight = torch.randn(V, H, generator=gen) * H**-0.5
+        hidden = torch.randn(N, H, generator=gen, device=device) * 2
+        weight = torch.randn(V, H, generator=gen, device=device) * H**-0.5
     if case.data == "dup":
         best = int((hidden[0].double() @ weight.double().T).argmax())
-        copies = torch.randint(V, (3,), generator=gen)
+        copies = torch.randint(V, (3,), generator=gen, device=device)
         weight[copies] = weight[best].clone()
-    return hidden.to(case.dtype).to(device), weight.to(case.dtype).to(device)
+    return hidden.to(case.dtype), weight.to(case.dtype)
 
 
 @st.composite
@@ -242,5 +243,9 @@ GPU_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"N{c.N}-H{c.H}-V{c.V}-{c.dtype}-{c.data}-s{c.scale}")
 def test_real_shapes(monkeypatch, case):
+    if case.data == "grid":
+        # the sums are exact only if cuBLAS also reduces in fp32 (its default may reduce 16-bit partials)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", False)
     got, hidden, weight = _run(case, "cuda", monkeypatch, LMHeadKernelConfig())
     check_against_naive(case, hidden, weight, got)
