@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hybridspec.ops import GDNFactors, gdn_commit, gdn_verify
+from hybridspec.ops import GDNFactors, decode_attention, gdn_commit, gdn_verify, lm_head_top1
 from hybridspec.ops.dispatch import launch_counts
 from tests.helpers import assert_rel
 from tests.ops.gdn_inputs import GDNCase, make_inputs
@@ -26,6 +26,35 @@ def test_cpu_without_interpreter_runs_naive_twin_matching_transformers():
     )
     assert_rel(o, ref_o, 1e-5, "o")
     assert_rel(states[0], ref_s, 1e-5, "state")
+
+
+def test_attention_and_lm_head_on_cpu_run_naive_twins_matching_transformers():
+    """Without the interpreter: no launch; decode_attention equals transformers' eager attention over
+    the live prefix of the buffer (its GQA head mapping, its causal mask), lm_head_top1 the eager
+    logits' argmax and softmax."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import eager_attention_forward
+
+    gen = torch.Generator().manual_seed(2)
+    B, W, Hq, Hkv, D, S, L = 1, 5, 8, 2, 16, 40, 11
+    q = torch.randn(B, W, Hq, D, generator=gen)
+    keys, values = torch.randn(2, B, Hkv, S, D, generator=gen)
+    hidden, weight = torch.randn(7, 32, generator=gen), torch.randn(90, 32, generator=gen)
+    before = sum(launch_counts.values())
+    out = decode_attention(q, keys, values, torch.tensor([L]), scale=0.3)
+    tokens, conf, ent = lm_head_top1(hidden, weight)
+    assert sum(launch_counts.values()) == before, "no Triton launch expected on CPU without TRITON_INTERPRET"
+    causal = torch.zeros(W, L + W).masked_fill(torch.arange(L + W)[None] > L + torch.arange(W)[:, None], float("-inf"))
+    module = SimpleNamespace(num_key_value_groups=Hq // Hkv, training=False)
+    ref, _ = eager_attention_forward(module, q.transpose(1, 2), keys[:, :, :L + W], values[:, :, :L + W],
+                                     causal[None, None], scaling=0.3)
+    assert_rel(out, ref, 1e-6, "decode_attention vs eager attention")
+    logits = hidden @ weight.T
+    probs = logits.softmax(-1)
+    assert torch.equal(tokens, logits.argmax(-1))
+    assert_rel(conf, probs.max(-1).values, 1e-6, "confidence")
+    assert_rel(ent, -(probs * probs.log()).sum(-1), 1e-5, "entropy")
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,9 @@ layer's `k_proj`/`v_proj`/`k_norm`, never through its layer norms); the block
 Qwen3-style decoder (q/k RMSNorm, RoPE, SwiGLU MLP). Block queries see every context key and, unless
 the layer is causal, every block key. The context feature of target position p and the block token
 at position p both get RoPE position p. Draft token d_i is the argmax of the target's LM head at
-block position i (i = 1..D); position 0 (the anchor) drafts nothing.
+block position i (i = 1..D); position 0 (the anchor) drafts nothing. Drafting needs only that
+argmax, its probability and the entropy, so `propose` takes them from `hybridspec.ops.lm_head_top1`
+(one pass over the LM head's weight) instead of the `[B, D, V]` logits (`top1`).
 
 For drafting, each layer's context keys/values live in a `ContextCache` indexed by target
 position: `observe` writes rows at each batch row's length and advances it ("write w, advance m"),
@@ -31,6 +33,7 @@ from hybridspec.drafter.config import DFlashConfig
 from hybridspec.drafter.context import MIN_ROWS, ContextCache
 from hybridspec.drafter.layers import DFlashDecoderLayer, visibility
 from hybridspec.drafter.protocol import DraftBlock
+from hybridspec.ops import lm_head_top1
 
 # The target verifies at most 16 tokens per round (the GDN kernels' block).
 MAX_BLOCK_SIZE = 16
@@ -242,7 +245,22 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer(h, cos, sin, masks[attn.is_causal, attn.sliding_window], (cache.k[i], cache.v[i]), index)
-        logits = self.compute_logits(self.norm(h)[:, 1:])
+        return self.top1(self.norm(h)[:, 1:])
+
+    def top1(self, hidden: torch.Tensor) -> DraftBlock:
+        """Drafts from drafter hidden states `[B, D, H]`: the argmax of `compute_logits`, its fp32
+        softmax probability and the softmax's entropy. A plain linear head without softcapping runs
+        `hybridspec.ops.lm_head_top1`, one pass over the head's weight without the `[B, D, V]`
+        logits; others (a softcapped checkpoint, a head with a bias or of another kind) take the
+        full logits."""
+        head = self._bound()[1]
+        cap = self.config.final_logit_softcapping
+        if isinstance(head, nn.Linear) and head.bias is None and not (cap is not None and cap > 0):
+            B, D, H = hidden.shape
+            flat = hidden.reshape(B * D, H).to(head.weight.dtype)
+            tokens, confidence, entropy = lm_head_top1(flat, head.weight, scale=self.config.output_multiplier)
+            return DraftBlock(tokens.view(B, D), confidence.view(B, D), entropy.view(B, D))
+        logits = self.compute_logits(hidden)
         tokens = torch.argmax(logits, dim=-1)
         probs = torch.softmax(logits.float(), dim=-1)
         confidence = probs.gather(-1, tokens[..., None])[..., 0]

@@ -1,6 +1,8 @@
 """Custom ops of hybridspec (namespace `hybridspec::`), each with a naive pure-torch twin."""
 
+from hybridspec.ops.attention import decode_attention
 from hybridspec.ops.gdn import GDNFactors, gdn_commit, gdn_verify, stack_factors
+from hybridspec.ops.lm_head import lm_head_top1
 from hybridspec.ops.moe import moe_experts
 
-__all__ = ["GDNFactors", "gdn_commit", "gdn_verify", "moe_experts", "stack_factors"]
+__all__ = ["GDNFactors", "decode_attention", "gdn_commit", "gdn_verify", "lm_head_top1", "moe_experts", "stack_factors"]

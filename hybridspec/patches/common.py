@@ -6,12 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-# the same eager attention for every family (repeat_kv, fp32 softmax)
-from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import eager_attention_forward
 
 from hybridspec.experts import hybridspec_experts_forward
-from hybridspec.ops import gdn_verify
+from hybridspec.ops import decode_attention, gdn_verify
 from hybridspec.state import GDNSlot
 
 
@@ -36,34 +33,26 @@ def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor |
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start, pad,
                      apply_rope) -> torch.Tensor:
     """Gated attention of w new tokens against one layer's KV buffers `[B, Hkv, rows, D]`: write each
-    row's w new keys/values at its committed length `start` `[B]` (a device tensor) and attend over
-    the cache rows `pad_b .. start_b + i` (`pad` `[B]`: each row's left padding)."""
+    row's w new keys/values at its committed length `start` `[B]` (a device tensor), then attend with
+    `hybridspec.ops.decode_attention`, which reads only the positions below `start_b + w` and masks
+    those before `pad_b` (each row's left padding) (the Triton kernels on CUDA, the fp32 naive twin
+    on CPU) and applies the output gate."""
     B, w, _ = x.shape
     hidden_shape = (B, w, -1, mod.head_dim)
     q, gate = torch.chunk(mod.q_proj(x).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
-    gate = gate.reshape(B, w, -1)
     q = mod.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
     k = mod.k_norm(mod.k_proj(x).view(hidden_shape)).transpose(1, 2)
     v = mod.v_proj(x).view(hidden_shape).transpose(1, 2)
     q, k = apply_rope(q, k, *cos_sin)
+    # positions live on the device, so write by index; rows past the round's w are computed and
+    # never used (row i of batch row b only sees cache indices pad_b .. start_b + i)
     rows = start[:, None] + torch.arange(w, device=x.device)  # [B, w]
-    # positions live on the device, so write by index and attend over the whole buffer under a
-    # mask; rows past the round's w are computed and never used
     index = rows[:, None, :, None].expand(B, keys.shape[1], w, keys.shape[3])
     keys.scatter_(2, index, k)
     values.scatter_(2, index, v)
-    # query i of row b sits at cache index start_b + i and sees the keys pad_b .. start_b + i
-    j = torch.arange(keys.shape[2], device=x.device)[None, None, :]
-    allowed = (j <= rows[:, :, None]) & (j >= pad[:, None, None])  # [B, w, rows]
-    impl = mod.config._attn_implementation
-    if impl == "eager" or impl is None:
-        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=x.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
-    else:
-        mask = allowed
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
-    out, _ = attend(mod, q, keys, values, mask[:, None], dropout=0.0, scaling=mod.scaling)
-    out = out.reshape(B, w, -1) * torch.sigmoid(gate)
-    return mod.o_proj(out)
+    out = decode_attention(q.transpose(1, 2), keys, values, start, scale=mod.scaling, gate=gate,
+                           starts=pad)  # [B, w, Hq, D]
+    return mod.o_proj(out.reshape(B, w, -1))
 
 
 def is_sparse_moe(mlp) -> bool:

@@ -24,5 +24,11 @@ def test_every_public_op_is_callable_twice(device):
         assert torch.isfinite(states).all()
         hidden, ids, weights, gate_up, down, _ = moe_inputs(MOE, device)
         assert torch.isfinite(ops.moe_experts(hidden, ids, weights, gate_up, down)).all()
+        keys = torch.randn(1, 2, 8, 16, device=device)
+        out = ops.decode_attention(torch.randn(1, 2, 4, 16, device=device), keys, keys.clone(),
+                                   torch.tensor([3], device=device))
+        assert torch.isfinite(out).all()
+        tokens, conf, ent = ops.lm_head_top1(torch.randn(3, 16, device=device), torch.randn(40, 16, device=device))
+        assert torch.isfinite(conf).all() and torch.isfinite(ent).all()
     for name in hybridspec.ops.__all__:
         assert not isinstance(getattr(ops, name), type(hybridspec.ops)), f"hybridspec.ops.{name} is a module"
