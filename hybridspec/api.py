@@ -19,7 +19,9 @@ from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
 from hybridspec.generation.loop import hybridspec_decode
 from hybridspec.generation.options import POLICIES, HybridSpecOptions
 from hybridspec.inputs import check_input_ids
+from hybridspec.parallel import model_group
 from hybridspec.patches import family_of
+from hybridspec.patches.tp import check_sharding
 from hybridspec.policy import FixedPolicy, default_policy, from_calibration
 from hybridspec.runner.decode import release_runner
 from hybridspec.state import MAX_VERIFY
@@ -54,7 +56,7 @@ def enable(model):
     `verify_lengths`, `nominal_lengths`, `accepted`; `rounds`, `mean_acceptance_length`,
     `decode_seconds`). Batch size one; beam search and padded inputs raise. `disable(model)` undoes it.
     """
-    family_of(model)
+    check_sharding(family_of(model), model)
     if getattr(model, _ORIGINAL, None) is None:
         setattr(model, _ORIGINAL, model.generate)
         model.generate = functools.partial(_generate, model)
@@ -146,3 +148,7 @@ def _check_request(model, args, kwargs) -> None:
         raise ValueError("guidance_scale (classifier-free guidance) is not supported with hybridspec=True")
     if merged.get("watermarking_config") is not None:
         raise ValueError("watermarking_config is not supported with hybridspec=True")
+    if merged.get("max_time") is not None and model_group(model) is not None:
+        raise ValueError("max_time is not supported on a tensor-parallel model: each rank would stop at its own "
+                         "clock, at different tokens, and the ranks' collectives would no longer match. Bound the "
+                         "output with max_new_tokens")

@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
+from hybridspec import parallel
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.drafter.context import MIN_ROWS, ContextCache
 from hybridspec.drafter.layers import DFlashDecoderLayer, visibility
@@ -173,7 +174,8 @@ class DFlashDrafter(nn.Module):
         """Draft logits from drafter hidden states via the target's LM head (and the checkpoint's
         `output_multiplier` / `final_logit_softcapping`, as the reference applies them)."""
         head = self._bound()[1]
-        logits = head(hidden.to(head.weight.dtype)) * self.config.output_multiplier
+        # a tensor-parallel target's head is split over the vocabulary: every rank gathers the full logits
+        logits = parallel.column(head, hidden.to(head.weight.dtype), gather=True) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         if cap is not None and cap > 0:
             logits = torch.tanh(logits / cap) * cap
@@ -181,8 +183,10 @@ class DFlashDrafter(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The target's raw embedding rows (times `input_embedding_scale`), in the drafter's dtype."""
-        emb = F.embedding(input_ids, self._bound()[0].weight) * self.config.input_embedding_scale
-        return emb.to(self.fc.weight.dtype)
+        table = self._bound()[0]
+        rows = parallel.embedding(table, input_ids) if parallel.is_sharded(table.weight) else F.embedding(
+            input_ids, table.weight)
+        return (rows * self.config.input_embedding_scale).to(self.fc.weight.dtype)
 
     def reset(self, batch_size: int, max_length: int | None = None) -> None:
         """Empty every row's context. With `max_length` (target positions the caller promises never

@@ -1,5 +1,7 @@
 """The verification forward shared by the hybrid families: transformers' own modules for
-embedding, norms, MoE and LM head; our GDN ops, conv-window and KV-buffer handling in between."""
+embedding, norms, MoE and LM head; our GDN ops, conv-window and KV-buffer handling in between.
+Linears a tensor-parallel plan shards go through `hybridspec.parallel` (local shard, the style's
+collective); unsharded ones are called as they are."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 # the same eager attention for every family (repeat_kv, fp32 softmax)
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import eager_attention_forward
 
+from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.ops import gdn_verify
 from hybridspec.state import GDNSlot
@@ -30,20 +33,21 @@ def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor |
     B, w = q.shape[:2]
     o, _ = gdn_verify(q, k, v, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
-    return mod.out_proj(o.reshape(B, w, -1))
+    return parallel.column(mod.out_proj, o.reshape(B, w, -1), gather=True)
 
 
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start,
                      apply_rope) -> torch.Tensor:
     """Gated attention of w new tokens against one layer's KV buffers `[B, Hkv, rows, D]`: write w
-    rows at `start` (the committed length, a `[1]` device tensor)."""
+    rows at `start` (the committed length, a `[1]` device tensor). Under tensor parallelism the
+    heads, and so the KV buffers, are this rank's; o_proj sums the ranks' partial products."""
     B, w, _ = x.shape
     hidden_shape = (B, w, -1, mod.head_dim)
-    q, gate = torch.chunk(mod.q_proj(x).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
+    q, gate = torch.chunk(parallel.column(mod.q_proj, x, gather=False).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
     gate = gate.reshape(B, w, -1)
     q = mod.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
-    k = mod.k_norm(mod.k_proj(x).view(hidden_shape)).transpose(1, 2)
-    v = mod.v_proj(x).view(hidden_shape).transpose(1, 2)
+    k = mod.k_norm(parallel.column(mod.k_proj, x, gather=False).view(hidden_shape)).transpose(1, 2)
+    v = parallel.column(mod.v_proj, x, gather=False).view(hidden_shape).transpose(1, 2)
     q, k = apply_rope(q, k, *cos_sin)
     rows = start + torch.arange(w, device=x.device)  # [w]
     # positions live on the device, so write by index and attend over the whole buffer under a
@@ -61,7 +65,7 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
     out, _ = attend(mod, q, keys, values, mask, dropout=0.0, scaling=mod.scaling)
     out = out.reshape(B, w, -1) * torch.sigmoid(gate)
-    return mod.o_proj(out)
+    return parallel.row(mod.o_proj, out)
 
 
 def is_sparse_moe(mlp) -> bool:
@@ -87,16 +91,34 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     flat = x.reshape(-1, H)
     routed = hybridspec_experts_forward(mlp.experts, flat, ids.reshape(B * w, -1), weights.reshape(B * w, -1),
                                         num_tokens=num_tokens)
-    shared = torch.sigmoid(mlp.shared_expert_gate(flat)) * mlp.shared_expert(flat)
-    return (routed + shared).reshape(B, w, H)
+    gate = torch.sigmoid(mlp.shared_expert_gate(flat))
+    down = mlp.experts.down_proj
+    if not parallel.is_sharded(down):
+        return (routed + gate * mlp.shared_expert(flat)).reshape(B, w, H)
+    # each rank holds a slice of every expert's width and of the shared expert's: both outputs are
+    # partial sums, reduced together (transformers' plan reduces each on its own)
+    shared = gate * parallel.row_partial(mlp.shared_expert.down_proj, _swiglu_local(mlp.shared_expert, flat))
+    return parallel.all_reduce(routed + shared, parallel.group_of(down)).reshape(B, w, H)
+
+
+def _swiglu_local(mlp, x: torch.Tensor) -> torch.Tensor:
+    """`act(gate_proj(x)) * up_proj(x)`: this rank's slice of the intermediate features."""
+    return mlp.act_fn(parallel.column(mlp.gate_proj, x, gather=False)) * parallel.column(mlp.up_proj, x, gather=False)
+
+
+def dense_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+    """A dense SwiGLU MLP block (`gate_proj`, `up_proj`, `down_proj`), sharded or not."""
+    if not parallel.is_sharded(mlp.down_proj.weight):
+        out = mlp(x)
+        return out[0] if isinstance(out, tuple) else out
+    return parallel.row(mlp.down_proj, _swiglu_local(mlp, x))
 
 
 def moe_verify(mlp, x: torch.Tensor, routing: list | None = None, num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """The MoE block of a verified block; a sparse block appends its expert ids `[B, w, k]` to
     `routing` when given. Dense MLP layers run as they are."""
     if not is_sparse_moe(mlp):
-        out = mlp(x)
-        return out[0] if isinstance(out, tuple) else out
+        return dense_mlp(mlp, x)
     ids, weights = route(mlp, x)
     if routing is not None:
         routing.append(ids)

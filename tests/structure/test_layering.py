@@ -12,7 +12,7 @@ import hybridspec
 ROOT = Path(hybridspec.__file__).parent
 # lower ranks may not import higher ones; one rank may import itself
 RANK = {
-    "cache": 0, "_hints": 0, "inputs": 0,
+    "cache": 0, "_hints": 0, "inputs": 0, "parallel": 0,
     "ops": 1,
     "state": 2, "experts": 2,
     "patches": 3, "drafter": 3,
