@@ -92,6 +92,11 @@ def cached_runner(model, drafter, policy, logits_processor, generation_config, e
     return runner
 
 
+def runner_of(model) -> Runner | None:
+    """The model's cached runner (that of its last `generate` call on the runner), if any."""
+    return model.__dict__.get(_ATTR)
+
+
 def release_runner(model) -> None:
     """Drop the model's cached runner (captured graphs, KV and state buffers) and return its memory."""
     runner = model.__dict__.pop(_ATTR, None)

@@ -21,7 +21,7 @@ RANK = {
     "runner": 6, "sim": 6,
     "loading": 5,
     "generation": 7,
-    "calibration": 8,
+    "calibration": 8, "sharding": 8,
     "api": 9, "shapes": 9, "tiny": 9, "bench_report": 9, "bench_plots": 9,
     "bench": 10, "training": 10,
     "cli": 11,
