@@ -23,9 +23,11 @@ with the same --seed). It exits 1 if a check fails.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -111,6 +113,9 @@ def load_sharded(family: str, device: torch.device):
     dist.barrier()
     model = AutoModelForCausalLM.from_pretrained(path[0], dtype=torch.float32,
                                                  distributed_config=DistributedConfig(tp_plan="auto"))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(path[0])
     return model.eval(), unsharded
 
 
@@ -237,6 +242,8 @@ def run_shape(args, device) -> bool:
         say(f"  {r['method']:<24} {r['tokens_per_s']:8.1f} tok/s  {r['speedup_vs_ar']:.2f}x AR{extra}")
     ok = all(agree(last[name][0].tolist()) for name in methods)
     say(f"every rank emitted the same tokens: {ok}")
+    ar.release()
+    hybridspec.disable(model)
     if args.out and dist.get_rank() == 0:
         env = dict(world_size=dist.get_world_size(), device=torch.cuda.get_device_name(device) if device.type == "cuda"
                    else "cpu", torch=torch.__version__, transformers=__import__("transformers").__version__)
@@ -254,6 +261,11 @@ def main() -> None:
         # every rank makes the same calls: rank 0 says what needs saying
         warnings.simplefilter("ignore")
     ok = run_tiny(args, device) if args.tiny else run_shape(args, device)
+    # NCCL destroys a communicator only once every CUDA graph that captured one of its collectives
+    # is gone (pytorch/pytorch#115388): the runs above released their runners' graphs
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     dist.barrier()
     dist.destroy_process_group()
     if not ok:
