@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import hybridspec
+from hybridspec.policy import FixedPolicy
+from hybridspec.runner import Runner
 from hybridspec.sharding import shard
 from hybridspec.sim.replay import DeviceReplayDrafter
 from hybridspec.tiny import TARGET, tiny_drafter, tiny_next_target, tiny_target
@@ -93,6 +95,8 @@ def test_world_size_one_runs_the_sharded_path_exactly(group, build):
         assert torch.equal(out, reference), (type(d).__name__, kwargs)
     with pytest.raises(ValueError, match="max_time"):
         model.generate(PROMPT, assistant_model=drafter, hybridspec=True, max_new_tokens=4, max_time=10.0)
+    with pytest.raises(ValueError, match="dispatch='cond' is not supported on a tensor-parallel model"):
+        Runner(model, drafter, FixedPolicy("fixed", 4), capacity=64, dispatch="cond")
     hybridspec.disable(model)
 
 
