@@ -32,8 +32,8 @@ else:
 
 
 def is_sharded(t) -> bool:
-    """A parameter transformers' plan turned into a `DTensor` (sharded or replicated on a mesh)."""
-    return isinstance(t, DTensor)
+    """A parameter transformers' plan split over its mesh (a `DTensor` not replicated on every rank)."""
+    return isinstance(t, DTensor) and not all(p.is_replicate() for p in t.placements)
 
 
 def local(t):
@@ -49,7 +49,7 @@ def group_of(t):
 def model_group(model):
     """The tensor-parallel process group of a model transformers' plan sharded, else None."""
     for p in model.parameters():
-        if isinstance(p, DTensor):
+        if is_sharded(p):
             return group_of(p)
     return None
 
@@ -78,13 +78,13 @@ def column(linear, x: torch.Tensor, gather: bool) -> torch.Tensor:
     if not isinstance(w, DTensor):
         return linear(x)
     y = F.linear(x, w.to_local(), local(linear.bias))
-    return gather_last(y, group_of(w)) if gather else y
+    return gather_last(y, group_of(w)) if gather and is_sharded(w) else y
 
 
 def columns_gathered(linears, x: torch.Tensor) -> list[torch.Tensor]:
     """`[m(x) for m in linears]` for Linears with gathered sharded outputs over one group: one
     all-gather for all of them instead of one each (the GDN input projections)."""
-    if not all(isinstance(m.weight, DTensor) for m in linears):
+    if not all(is_sharded(m.weight) for m in linears):
         return [column(m, x, gather=True) for m in linears]
     parts = [F.linear(x, m.weight.to_local(), local(m.bias)) for m in linears]
     sizes = [p.shape[-1] for p in parts]
@@ -107,16 +107,19 @@ def row(linear, x: torch.Tensor) -> torch.Tensor:
     w = linear.weight
     if not isinstance(w, DTensor):
         return linear(x)
-    y = all_reduce(row_partial(linear, x), group_of(w))
+    y = row_partial(linear, x)
+    if is_sharded(w):
+        all_reduce(y, group_of(w))
     return y if linear.bias is None else y + local(linear.bias)
 
 
-def embedding(emb, ids: torch.Tensor) -> torch.Tensor:
+def embedding(emb, ids: torch.Tensor, raw: bool = False) -> torch.Tensor:
     """`emb(ids)` for an Embedding whose vocabulary may be sharded ("embedding_rowwise": each rank
-    looks up the ids it holds, zeros for the others, and the ranks' lookups are summed)."""
+    looks up the ids it holds, zeros for the others, and the ranks' lookups are summed). `raw`: the
+    table's rows, never the module's forward (which a model may scale)."""
     w = emb.weight
     if not isinstance(w, DTensor):
-        return emb(ids)
+        return F.embedding(ids, w) if raw else emb(ids)
     table = w.to_local()
     if table.shape[0] == w.shape[0]:
         # replicated, or sharded along the hidden dimension ("embedding_colwise")

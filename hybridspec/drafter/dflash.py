@@ -22,7 +22,6 @@ import json
 import os
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
@@ -183,9 +182,8 @@ class DFlashDrafter(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The target's raw embedding rows (times `input_embedding_scale`), in the drafter's dtype."""
-        table = self._bound()[0]
-        rows = parallel.embedding(table, input_ids) if parallel.is_sharded(table.weight) else F.embedding(
-            input_ids, table.weight)
+        # a tensor-parallel target's table may be split over the vocabulary (transformers 5.24)
+        rows = parallel.embedding(self._bound()[0], input_ids, raw=True)
         return (rows * self.config.input_embedding_scale).to(self.fc.weight.dtype)
 
     def reset(self, batch_size: int, max_length: int | None = None) -> None:

@@ -94,11 +94,15 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     gate = torch.sigmoid(mlp.shared_expert_gate(flat))
     down = mlp.experts.down_proj
     if not parallel.is_sharded(down):
-        return (routed + gate * mlp.shared_expert(flat)).reshape(B, w, H)
-    # each rank holds a slice of every expert's width and of the shared expert's: both outputs are
-    # partial sums, reduced together (transformers' plan reduces each on its own)
+        return (routed + gate * dense_mlp(mlp.shared_expert, flat)).reshape(B, w, H)
+    # this rank ran its slice of every expert's width: `routed` is a partial sum
+    group = parallel.group_of(down)
+    if not parallel.is_sharded(mlp.shared_expert.down_proj.weight):
+        return (parallel.all_reduce(routed, group) + gate * dense_mlp(mlp.shared_expert, flat)).reshape(B, w, H)
+    # the shared expert's output is a partial sum too: both are reduced together (transformers'
+    # plan reduces each on its own)
     shared = gate * parallel.row_partial(mlp.shared_expert.down_proj, _swiglu_local(mlp.shared_expert, flat))
-    return parallel.all_reduce(routed + shared, parallel.group_of(down)).reshape(B, w, H)
+    return parallel.all_reduce(routed + shared, group).reshape(B, w, H)
 
 
 def _swiglu_local(mlp, x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from hybridspec.parallel import DTensor
+from hybridspec.parallel import DTensor, is_sharded
 from hybridspec.patches.common import is_sparse_moe
 
 # role (the parameter's module path below `layers.N.`, or the top-level module) -> the plan styles
@@ -114,7 +114,7 @@ def _check_heads(config, n: int) -> None:
 
 def _check_experts(family, model, n: int) -> None:
     for layer in family.text_model(model).layers:
-        if not is_sparse_moe(layer.mlp) or not isinstance(layer.mlp.experts.down_proj, DTensor):
+        if not is_sparse_moe(layer.mlp) or not is_sharded(layer.mlp.experts.down_proj):
             continue
         experts = layer.mlp.experts
         width = experts.down_proj.shape[-1] // n
