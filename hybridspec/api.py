@@ -22,7 +22,9 @@ from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
 from hybridspec.generation.loop import hybridspec_decode
 from hybridspec.generation.options import BATCH_POLICIES, POLICIES, HybridSpecOptions
 from hybridspec.inputs import check_attention_mask, check_input_ids
+from hybridspec.parallel import model_group
 from hybridspec.patches import family_of
+from hybridspec.patches.tp import check_sharding
 from hybridspec.policy import FixedPolicy, default_policy, from_calibration
 from hybridspec.runner.decode import release_runner
 from hybridspec.state import MAX_VERIFY
@@ -60,7 +62,7 @@ def enable(model):
     2 and more, one length serves the whole batch per round: `verify_length`, `policy="hybridspec"` or
     `"static"`. `disable(model)` undoes it.
     """
-    family_of(model)
+    check_sharding(family_of(model), model)
     if getattr(model, _ORIGINAL, None) is None:
         setattr(model, _ORIGINAL, model.generate)
         model.generate = functools.partial(_generate, model)
@@ -170,4 +172,8 @@ def _check_request(model, args, kwargs) -> int:
         raise ValueError("guidance_scale (classifier-free guidance) is not supported with hybridspec=True")
     if merged.get("watermarking_config") is not None:
         raise ValueError("watermarking_config is not supported with hybridspec=True")
+    if merged.get("max_time") is not None and model_group(model) is not None:
+        raise ValueError("max_time is not supported on a tensor-parallel model: each rank would stop at its own "
+                         "clock, at different tokens, and the ranks' collectives would no longer match. Bound the "
+                         "output with max_new_tokens")
     return batch_size

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from hybridspec.ops.moe import moe_experts
+from hybridspec.parallel import local
 
 NAME = "hybridspec"
 
@@ -57,11 +58,16 @@ def hybridspec_experts_forward(
 ) -> torch.Tensor:
     """Signature of transformers' experts functions: `self` is the experts module, `hidden_states`
     `[T, H]`, `top_k_index` / `top_k_weights` `[T, k]`; returns `[T, H]` in the hidden dtype.
-    `num_tokens` (hybridspec's own callers): rows past it are zero and read no expert."""
+    `num_tokens` (hybridspec's own callers): rows past it are zero and read no expert.
+
+    Under transformers' tensor-parallel plan the weights are this rank's slice of every expert's
+    width and the result is this rank's partial sum: transformers' experts hook swaps in the local
+    shards and sums over the ranks around this call; hybridspec's verification forward, which calls
+    it directly, takes the local shards here and sums itself (`patches.common.moe_apply`)."""
     _check_supported(self)
-    dtype = self.gate_up_proj.dtype
+    gate_up, down = local(self.gate_up_proj), local(self.down_proj)
     out = moe_experts(
-        hidden_states.to(dtype), top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, num_tokens=num_tokens
+        hidden_states.to(gate_up.dtype), top_k_index, top_k_weights, gate_up, down, num_tokens=num_tokens
     )
     return out.to(hidden_states.dtype)
 

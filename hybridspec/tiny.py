@@ -2,7 +2,9 @@
 
 The target keeps the shape of the real models in miniature (3 GDN : 1 attention layers, 2 value
 heads per key head, 8 experts, top-2); the drafter is in the z-lab checkpoint format. Both have
-random weights: they run every code path, not a language.
+random weights: they run every code path, not a language. `tiny_next_target` is the Qwen3-Next
+twin of the target. Every head count, the experts and their widths divide by 2, so both targets
+also shard over two tensor-parallel ranks (each then holds 16 of every expert's 32 features).
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ def drafter_config(**overrides) -> dict:
 def tiny_target(seed: int = 0, dtype: torch.dtype = torch.float32) -> Qwen3_5MoeForCausalLM:
     torch.manual_seed(seed)
     return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**TARGET)).to(dtype).eval()
+
+
+def tiny_next_target(seed: int = 0, dtype: torch.dtype = torch.float32):
+    """The tiny target as a `Qwen3NextForCausalLM` (fused q/k/v/z and b/a projections)."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3NextConfig(**{k: v for k, v in TARGET.items() if k != "shared_expert_intermediate_size"},
+                             shared_expert_intermediate_size=32, intermediate_size=64)
+    return Qwen3NextForCausalLM(config).to(dtype).eval()
 
 
 def tiny_drafter(raw: dict | None = None, seed: int = 0) -> DFlashDrafter:

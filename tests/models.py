@@ -14,7 +14,7 @@ from transformers import (
 
 from hybridspec.tiny import DRAFTER as BASE
 from hybridspec.tiny import TARGET as TEXT
-from hybridspec.tiny import VOCAB, tiny_target
+from hybridspec.tiny import VOCAB, tiny_next_target, tiny_target
 from hybridspec.tiny import drafter_config as config
 from hybridspec.tiny import tiny_drafter as random_drafter
 
@@ -39,12 +39,7 @@ def qwen35_checkpoint_layout(seed: int = 0) -> Qwen3_5MoeForConditionalGeneratio
 
 
 def qwen3_next_causal_lm(seed: int = 0):
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3NextConfig(**{k: v for k, v in TEXT.items() if k != "shared_expert_intermediate_size"},
-                             shared_expert_intermediate_size=32, intermediate_size=64)
-    return Qwen3NextForCausalLM(config).eval()
+    return tiny_next_target(seed)
 
 
 

@@ -24,11 +24,11 @@ import json
 import os
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
+from hybridspec import parallel
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.drafter.context import MIN_ROWS, ContextCache
 from hybridspec.drafter.layers import DFlashDecoderLayer, visibility
@@ -176,7 +176,8 @@ class DFlashDrafter(nn.Module):
         """Draft logits from drafter hidden states via the target's LM head (and the checkpoint's
         `output_multiplier` / `final_logit_softcapping`, as the reference applies them)."""
         head = self._bound()[1]
-        logits = head(hidden.to(head.weight.dtype)) * self.config.output_multiplier
+        # a tensor-parallel target's head is split over the vocabulary: every rank gathers the full logits
+        logits = parallel.column(head, hidden.to(head.weight.dtype), gather=True) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         if cap is not None and cap > 0:
             logits = torch.tanh(logits / cap) * cap
@@ -184,8 +185,9 @@ class DFlashDrafter(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The target's raw embedding rows (times `input_embedding_scale`), in the drafter's dtype."""
-        emb = F.embedding(input_ids, self._bound()[0].weight) * self.config.input_embedding_scale
-        return emb.to(self.fc.weight.dtype)
+        # a tensor-parallel target's table may be split over the vocabulary (transformers 5.24)
+        rows = parallel.embedding(self._bound()[0], input_ids, raw=True)
+        return (rows * self.config.input_embedding_scale).to(self.fc.weight.dtype)
 
     def reset(self, batch_size: int, max_length: int | None = None, pad: torch.Tensor | None = None) -> None:
         """Empty every row's context. With `max_length` (target positions the caller promises never
@@ -251,14 +253,15 @@ class DFlashDrafter(nn.Module):
         """Drafts from drafter hidden states `[B, D, H]`: the argmax of `compute_logits`, its fp32
         softmax probability and the softmax's entropy. A plain linear head without softcapping runs
         `hybridspec.ops.lm_head_top1`, one pass over the head's weight without the `[B, D, V]`
-        logits; others (a softcapped checkpoint, a head with a bias or of another kind) take the
-        full logits."""
+        logits; others (a softcapped checkpoint, a head with a bias or of another kind, a head split
+        over the vocabulary by tensor parallelism) take the full logits."""
         head = self._bound()[1]
         cap = self.config.final_logit_softcapping
-        if isinstance(head, nn.Linear) and head.bias is None and not (cap is not None and cap > 0):
+        plain = isinstance(head, nn.Linear) and head.bias is None and not parallel.is_sharded(head.weight)
+        if plain and not (cap is not None and cap > 0):
             B, D, H = hidden.shape
             flat = hidden.reshape(B * D, H).to(head.weight.dtype)
-            tokens, confidence, entropy = lm_head_top1(flat, head.weight, scale=self.config.output_multiplier)
+            tokens, confidence, entropy = lm_head_top1(flat, parallel.local(head.weight), scale=self.config.output_multiplier)
             return DraftBlock(tokens.view(B, D), confidence.view(B, D), entropy.view(B, D))
         logits = self.compute_logits(hidden)
         tokens = torch.argmax(logits, dim=-1)

@@ -1,5 +1,7 @@
 """The verification forward shared by the hybrid families: transformers' own modules for
-embedding, norms, MoE and LM head; our GDN ops, conv-window and KV-buffer handling in between."""
+embedding, norms, MoE and LM head; our GDN ops, conv-window and KV-buffer handling in between.
+Linears a tensor-parallel plan shards go through `hybridspec.parallel` (local shard, the style's
+collective); unsharded ones are called as they are."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
+from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.ops import decode_attention, gdn_verify
 from hybridspec.state import GDNSlot
@@ -27,7 +30,7 @@ def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor |
     B, w = q.shape[:2]
     o, _ = gdn_verify(q, k, v, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
-    return mod.out_proj(o.reshape(B, w, -1))
+    return parallel.column(mod.out_proj, o.reshape(B, w, -1), gather=True)
 
 
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start, pad,
@@ -36,13 +39,14 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     row's w new keys/values at its committed length `start` `[B]` (a device tensor), then attend with
     `hybridspec.ops.decode_attention`, which reads only the positions below `start_b + w` and masks
     those before `pad_b` (each row's left padding) (the Triton kernels on CUDA, the fp32 naive twin
-    on CPU) and applies the output gate."""
+    on CPU) and applies the output gate. Under tensor parallelism the heads, and so the KV buffers,
+    are this rank's; o_proj sums the ranks' partial products."""
     B, w, _ = x.shape
     hidden_shape = (B, w, -1, mod.head_dim)
-    q, gate = torch.chunk(mod.q_proj(x).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
+    q, gate = torch.chunk(parallel.column(mod.q_proj, x, gather=False).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
     q = mod.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
-    k = mod.k_norm(mod.k_proj(x).view(hidden_shape)).transpose(1, 2)
-    v = mod.v_proj(x).view(hidden_shape).transpose(1, 2)
+    k = mod.k_norm(parallel.column(mod.k_proj, x, gather=False).view(hidden_shape)).transpose(1, 2)
+    v = parallel.column(mod.v_proj, x, gather=False).view(hidden_shape).transpose(1, 2)
     q, k = apply_rope(q, k, *cos_sin)
     # positions live on the device, so write by index; rows past the round's w are computed and
     # never used (row i of batch row b only sees cache indices pad_b .. start_b + i)
@@ -52,7 +56,7 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     values.scatter_(2, index, v)
     out = decode_attention(q.transpose(1, 2), keys, values, start, scale=mod.scaling, gate=gate,
                            starts=pad)  # [B, w, Hq, D]
-    return mod.o_proj(out.reshape(B, w, -1))
+    return parallel.row(mod.o_proj, out.reshape(B, w, -1))
 
 
 def is_sparse_moe(mlp) -> bool:
@@ -85,16 +89,38 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         num_tokens = None
     routed = hybridspec_experts_forward(mlp.experts, flat, ids.reshape(B * w, -1), weights.reshape(B * w, -1),
                                         num_tokens=num_tokens)
-    shared = torch.sigmoid(mlp.shared_expert_gate(flat)) * mlp.shared_expert(flat)
-    return (routed + shared).reshape(B, w, H)
+    gate = torch.sigmoid(mlp.shared_expert_gate(flat))
+    down = mlp.experts.down_proj
+    if not parallel.is_sharded(down):
+        return (routed + gate * dense_mlp(mlp.shared_expert, flat)).reshape(B, w, H)
+    # this rank ran its slice of every expert's width: `routed` is a partial sum
+    group = parallel.group_of(down)
+    if not parallel.is_sharded(mlp.shared_expert.down_proj.weight):
+        return (parallel.all_reduce(routed, group) + gate * dense_mlp(mlp.shared_expert, flat)).reshape(B, w, H)
+    # the shared expert's output is a partial sum too: both are reduced together (transformers'
+    # plan reduces each on its own)
+    shared = gate * parallel.row_partial(mlp.shared_expert.down_proj, _swiglu_local(mlp.shared_expert, flat))
+    return parallel.all_reduce(routed + shared, group).reshape(B, w, H)
+
+
+def _swiglu_local(mlp, x: torch.Tensor) -> torch.Tensor:
+    """`act(gate_proj(x)) * up_proj(x)`: this rank's slice of the intermediate features."""
+    return mlp.act_fn(parallel.column(mlp.gate_proj, x, gather=False)) * parallel.column(mlp.up_proj, x, gather=False)
+
+
+def dense_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+    """A dense SwiGLU MLP block (`gate_proj`, `up_proj`, `down_proj`), sharded or not."""
+    if not parallel.is_sharded(mlp.down_proj.weight):
+        out = mlp(x)
+        return out[0] if isinstance(out, tuple) else out
+    return parallel.row(mlp.down_proj, _swiglu_local(mlp, x))
 
 
 def moe_verify(mlp, x: torch.Tensor, routing: list | None = None, num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """The MoE block of a verified block; a sparse block appends its expert ids `[B, w, k]` to
     `routing` when given. Dense MLP layers run as they are."""
     if not is_sparse_moe(mlp):
-        out = mlp(x)
-        return out[0] if isinstance(out, tuple) else out
+        return dense_mlp(mlp, x)
     ids, weights = route(mlp, x)
     if routing is not None:
         routing.append(ids)

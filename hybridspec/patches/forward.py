@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import torch
 
+from hybridspec import parallel
 from hybridspec.cache import BoundedCache
 from hybridspec.ops import GDNFactors
 from hybridspec.patches.common import attention_verify, is_sparse_moe, moe_apply, moe_verify, route
@@ -44,7 +45,8 @@ def empty_state(family, model, batch_size: int, max_len: int, device) -> HybridS
     keys, values = [], []
     for i in attn_layers:
         attn = layers[i].self_attn
-        shape = (B, attn.k_proj.weight.shape[0] // attn.head_dim, max_len, attn.head_dim)
+        # this rank's KV heads under tensor parallelism (k_proj colwise), all of them otherwise
+        shape = (B, parallel.local(attn.k_proj.weight).shape[0] // attn.head_dim, max_len, attn.head_dim)
         keys.append(torch.zeros(shape, dtype=act, device=device))
         values.append(torch.zeros(shape, dtype=act, device=device))
     return HybridState(
@@ -68,6 +70,11 @@ def load_prefill(state: HybridState, cache, pad: torch.Tensor | None = None) -> 
     for n, i in enumerate(state.attn_layers):
         if length > state.keys[n].shape[2]:
             raise ValueError(f"a prompt of {length} tokens does not fit a state of {state.keys[n].shape[2]} positions")
+        if cache.layers[i].keys.shape[1] != state.keys[n].shape[1]:
+            # a slice assignment would broadcast one head over several
+            raise ValueError(f"layer {i}'s prefill cache holds {cache.layers[i].keys.shape[1]} KV heads and the state "
+                             f"{state.keys[n].shape[1]}: the model's tensor-parallel layout changed after the state "
+                             "was allocated")
         state.keys[n][:, :, :length] = cache.layers[i].keys
         state.values[n][:, :, :length] = cache.layers[i].values
     state.length.fill_(length)
@@ -103,7 +110,7 @@ def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, t
     With `routing` given, every sparse MoE layer appends its expert ids `[B, w, k]` in layer order.
     """
     _check_length(input_ids)
-    h = family.text_model(model).embed_tokens(input_ids)
+    h = parallel.embedding(family.text_model(model).embed_tokens, input_ids)
     return _layers(family, model, h, 0, state, taps, routing, blocks=blocks or EAGER)
 
 
@@ -114,7 +121,7 @@ def stage0(family, model, input_ids: torch.Tensor, state: HybridState) -> Stage0
     _check_length(input_ids)
     text = family.text_model(model)
     layer = text.layers[0]
-    h = text.embed_tokens(input_ids)
+    h = parallel.embedding(text.embed_tokens, input_ids)
     slot = state.gdn(0, input_ids.shape[1])
     h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), slot, state.num_tokens)
     y = layer.post_attention_layernorm(h)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_next import modeling_qwen3_next as modeling
 
+from hybridspec import parallel
 from hybridspec.patches.common import conv_verify, gdn_core
 from hybridspec.state import GDNSlot
 
@@ -28,7 +29,9 @@ def rope(model, hidden: torch.Tensor, positions: torch.Tensor):
 def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
     """`Qwen3NextGatedDeltaNet.forward` for a verified block, with our ops in place of the cache."""
     B, w, _ = x.shape
-    q, k, v, z, b, a = mod.fix_query_key_value_ordering(mod.in_proj_qkvz(x), mod.in_proj_ba(x))
+    # gathered projections (transformers' plan): every rank runs the whole GDN core
+    qkvz, ba = parallel.columns_gathered((mod.in_proj_qkvz, mod.in_proj_ba), x)
+    q, k, v, z, b, a = mod.fix_query_key_value_ordering(qkvz, ba)
     mixed = torch.cat([t.reshape(B, w, -1) for t in (q, k, v)], dim=-1).transpose(1, 2)
     # [B, w, C], contiguous in C for the ops
     mixed = conv_verify(mod, mixed, slot).transpose(1, 2).contiguous()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridspec import parallel
 from hybridspec.drafter.protocol import DraftBlock, Drafter
 from hybridspec.ops.routing import distinct_prefix_counts
 from hybridspec.patches.forward import Stage0, stage0, stage1, verify_forward
@@ -71,7 +72,8 @@ def verify(target: Target, state: HybridState, tokens: torch.Tensor, kept: Stage
 
 def score(target: Target, hidden: torch.Tensor, drafts: torch.Tensor, process: Process):
     """fp32 logits `[B, n, V]` of the verified rows and the processed scores the accept rule reads."""
-    logits = target.lm_head(hidden).float()
+    # a tensor-parallel head is split over the vocabulary: every rank gathers all of it
+    logits = parallel.column(target.lm_head, hidden, gather=True).float()
     return logits, process(logits, drafts)
 
 

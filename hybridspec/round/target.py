@@ -8,6 +8,7 @@ import torch
 
 from hybridspec.patches import family_of
 from hybridspec.patches.forward import EAGER, Blocks, has_router_boundary
+from hybridspec.patches.tp import check_sharding
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Target:
 
     def __post_init__(self):
         self.family = family_of(self.model)
+        check_sharding(self.family, self.model)
         self.split = has_router_boundary(self.family, self.model)
         layer0 = self.family.text_model(self.model).layers[0]
         self.num_experts = layer0.mlp.gate.weight.shape[0] if self.split else 0

@@ -100,6 +100,11 @@ def cached_runner(model, drafter, policy, logits_processor, generation_config, e
     return runner
 
 
+def runner_of(model) -> Runner | None:
+    """The model's cached runner (that of its last `generate` call on the runner), if any."""
+    return model.__dict__.get(_ATTR)
+
+
 def release_runner(model) -> None:
     """Drop the model's cached runners (captured graphs, KV and state buffers) and return their memory."""
     for batch_size in BATCH_SIZES:

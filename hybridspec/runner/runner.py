@@ -20,6 +20,7 @@ from collections import deque
 import torch
 
 from hybridspec.drafter.protocol import DeviceDrafter
+from hybridspec.parallel import model_group
 from hybridspec.patches.forward import EAGER, Blocks, empty_state
 from hybridspec.round.accept import process_positions
 from hybridspec.round.cond import CondVerify
@@ -62,6 +63,9 @@ class Runner:
         if dispatch == "cond" and drafter is None:
             raise ValueError("dispatch='cond' picks a verification length per round; autoregressive decoding "
                              "(no drafter) has only w = 1")
+        if dispatch == "cond" and model_group(model) is not None:
+            raise ValueError("dispatch='cond' is not supported on a tensor-parallel model: its per-length branches "
+                             "would hold collectives, which torch.cond is not tested with; use the default 'fixed'")
         if dispatch == "cond" and compile:
             raise ValueError("dispatch='cond' runs its branches as dynamo traced them: inductor cannot compile "
                              "custom ops that write into their arguments inside torch.cond (torch 2.11)")

@@ -12,7 +12,7 @@ import hybridspec
 ROOT = Path(hybridspec.__file__).parent
 # lower ranks may not import higher ones; one rank may import itself
 RANK = {
-    "cache": 0, "_hints": 0, "inputs": 0,
+    "cache": 0, "_hints": 0, "inputs": 0, "parallel": 0,
     "ops": 1,
     "state": 2, "experts": 2,
     "patches": 3, "drafter": 3,
@@ -21,7 +21,7 @@ RANK = {
     "runner": 6, "sim": 6,
     "loading": 5,
     "generation": 7,
-    "calibration": 8,
+    "calibration": 8, "sharding": 8,
     "api": 9, "shapes": 9, "tiny": 9, "bench_report": 9, "bench_plots": 9,
     "bench": 10, "training": 10,
     "cli": 11,
