@@ -327,7 +327,8 @@ class BatchRoutingCorrection:
         union = distinct_prefix_counts(topk_ids.transpose(0, 1).reshape(1, W, B * k), num_experts)[0]  # [W]
         i = torch.searchsorted(lengths, w0[:1]).clamp(max=len(self.lengths) - 1)  # [1], index of w0
         j = (i + 1).clamp(max=len(self.lengths) - 1)
-        w, w_next = w0[:1], torch.minimum(lengths[j], torch.as_tensor(W, device=w0.device))
+        # clamp, not a tensor made from W: a host-to-device copy inside a CUDA-graph capture fails
+        w, w_next = w0[:1], lengths[j].clamp(max=W)
         n_new = union[w_next - 1] - union[w - 1]
         gain = batch_gain(prefix, torch.cat([w, w_next]), cap)
         cost, nbar = self.constants.tensor(self.cost, w0.device), self.constants.tensor(self.nbar, w0.device)
@@ -380,8 +381,9 @@ class BatchPolicy:
         # a length past every row's budget verifies the largest budget instead
         eff = torch.minimum(ws, top).clamp(min=1)
         score = batch_gain(prefix, eff, cap) - self.rho * self.constants.tensor(tuple(c for _, c in usable), prefix.device)
-        # argmax returns the first maximum: ties go to the shorter length
-        return Selection(eff[score.argmax()].reshape(1).expand(B), prefix)
+        # argmax returns the first maximum: ties go to the shorter length. Index with a [1] tensor:
+        # a 0-d index tensor is read on the host (a sync, which a CUDA-graph capture refuses)
+        return Selection(eff[score.argmax().reshape(1)].expand(B), prefix)
 
 
 def from_calibration(name: str, calibration, max_len: int, batch_size: int = 1):

@@ -64,10 +64,17 @@ def _sm_count(t: torch.Tensor) -> int:
     return _INTERPRET_SMS
 
 
-def launch_plan(cfg: AttentionKernelConfig, B: int, W: int, Hq: int, Hkv: int, S: int, D: int, sms: int) -> dict:
-    """Tiles, grid and split count of one call (host arithmetic on shapes only)."""
+def launch_plan(cfg: AttentionKernelConfig, B: int, W: int, Hq: int, Hkv: int, S: int, D: int, sms: int,
+                elem_size: int = 2) -> dict:
+    """Tiles, grid and split count of one call (host arithmetic on shapes only). `elem_size`: bytes
+    per element of q/keys/values."""
     rows = W * (Hq // Hkv)
-    bm = min(max(16, _next_pow2(rows)), max(16, _next_pow2(cfg.block_m)))
+    block_m = cfg.block_m
+    if elem_size >= 4 and D > 128:
+        # fp32 at head dim 256: 64 query rows + two stages of 32-position K/V tiles need 256 KB of
+        # shared memory, over the H200's 227 KB (measured: Triton 3.6 refused it); 32 rows need 160 KB
+        block_m = min(block_m, 32)
+    bm = min(max(16, _next_pow2(rows)), max(16, _next_pow2(block_m)))
     large = D > 128
     bn = max(16, _next_pow2(cfg.block_n_large if large else cfg.block_n))
     row_blocks = -(-rows // bm)
@@ -107,7 +114,7 @@ def _decode_attention_op(
     B, W, Hq, D = q.shape
     Hkv, S = keys.shape[1], keys.shape[2]
     G = Hq // Hkv
-    plan = launch_plan(KERNEL_CONFIG, B, W, Hq, Hkv, S, D, _sm_count(q))
+    plan = launch_plan(KERNEL_CONFIG, B, W, Hq, Hkv, S, D, _sm_count(q), q.element_size())
     splits = plan["splits"]
     DP = max(16, _next_pow2(D))
     # one length for every row: read it with stride 0

@@ -171,6 +171,9 @@ def test_launch_plan_spreads_long_contexts():
     assert launch_plan(cfg, B=1, W=1, Hq=16, Hkv=2, S=8192, D=256, sms=132)["splits"] == 64
     # a short buffer has no more splits than blocks
     assert launch_plan(cfg, B=1, W=1, Hq=16, Hkv=2, S=40, D=256, sms=132)["splits"] == 2
+    # fp32 at head dim 256 takes 32-row blocks (64 did not fit the H200's shared memory)
+    fp32 = launch_plan(cfg, B=1, W=16, Hq=16, Hkv=2, S=8192 + 64, D=256, sms=132, elem_size=4)
+    assert (fp32["BM"], fp32["row_blocks"]) == (32, 4)
 
 
 def test_opcheck(device, monkeypatch):
