@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hybridspec.calibration.artifact import BatchCalibration
+from hybridspec.calibration.capture import mean_round_ms
 from hybridspec.calibration.costs import best_static_length, dinkelbach_rho
 from hybridspec.ops.routing import distinct_prefix_counts
 from hybridspec.policy import BATCH_LENGTHS
@@ -63,20 +64,13 @@ def timed_batch_round_ms(model, drafter, runs, batch_size: int, max_new_tokens: 
     pad = 0 if pad is None else int(pad)
     groups = groups_of(runs, batch_size)
     groups = groups if timed_groups is None else groups[: timed_groups + 1]
-    total, rounds = 0.0, 0
-    for n, group in enumerate(tqdm(groups, desc=f"timing B = {batch_size}, w = {w}", leave=False)):
+    calls = []
+    for group in groups:
         ids, mask = left_padded([ids for ids, _ in group], pad)
-        if group[0][1] is not None:
-            drafter.continuation = stacked_continuations([c for _, c in group])
-        out = model.generate(ids, attention_mask=mask, assistant_model=drafter, hybridspec=True, verify_length=w,
-                             max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
-                             hybridspec_accept=accept, pad_token_id=pad)
-        if n > 0 or len(groups) == 1:
-            total += out.hybridspec_stats.decode_seconds
-            rounds += out.hybridspec_stats.rounds
-    if not rounds:
-        raise ValueError("no timed batched rounds: raise --max-new-tokens so each batch runs at least one round")
-    return total * 1e3 / rounds
+        continuation = stacked_continuations([c for _, c in group]) if group[0][1] is not None else None
+        calls.append((ids, mask, continuation))
+    return mean_round_ms(model, drafter, calls, f"timing B = {batch_size}, w = {w}", verify_length=w,
+                         max_new_tokens=max_new_tokens, hybridspec_accept=accept, pad_token_id=pad)
 
 
 def batch_union_new(layer0_ids: list[torch.Tensor], batch_size: int, lengths: tuple[int, ...],

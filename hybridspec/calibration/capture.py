@@ -79,18 +79,27 @@ def timed_round_ms(model, drafter, prompts, max_new_tokens: int, verify_length: 
     """Mean round time at a fixed verification length, as decoding runs it: on the CUDA-graph
     runner where the drafter allows (no recorder here, so nothing adds host work to a round). The
     first prompt only warms up (capture, compiles); the rest are timed."""
+    calls = [(ids, None, continuation) for ids, continuation in prompts]
+    return mean_round_ms(model, drafter, calls, desc, verify_length=verify_length, max_new_tokens=max_new_tokens,
+                         hybridspec_accept=accept)
+
+
+def mean_round_ms(model, drafter, calls, desc: str, **generate_kwargs) -> float:
+    """Mean round time of greedy `generate` calls, `calls` being (input_ids, attention_mask or None,
+    continuation or None) triples (a continuation is handed to a replay drafter first); the first
+    call only warms up (capture, compiles) unless it is the only one."""
     total, rounds = 0.0, 0
-    for n, (ids, continuation) in enumerate(tqdm(prompts, desc=desc, leave=False)):
+    for n, (ids, mask, continuation) in enumerate(tqdm(calls, desc=desc, leave=False)):
         if continuation is not None:
             drafter.continuation = continuation
-        out = model.generate(ids, assistant_model=drafter, hybridspec=True, verify_length=verify_length,
-                             max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
-                             hybridspec_accept=accept)
-        if n > 0 or len(prompts) == 1:
+        padded = {} if mask is None else {"attention_mask": mask}
+        out = model.generate(ids, assistant_model=drafter, hybridspec=True, do_sample=False,
+                             return_dict_in_generate=True, **padded, **generate_kwargs)
+        if n > 0 or len(calls) == 1:
             total += out.hybridspec_stats.decode_seconds
             rounds += out.hybridspec_stats.rounds
     if not rounds:
-        raise ValueError("no timed rounds: raise --max-new-tokens so each prompt runs at least one round")
+        raise ValueError("no timed rounds: raise --max-new-tokens so each call runs at least one round")
     return total * 1e3 / rounds
 
 

@@ -8,6 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hybridspec import policy as policy_module
+from hybridspec.cache import BoundedCache
 from hybridspec.drafter.protocol import DraftBlock
 from hybridspec.policy import BatchPolicy, BatchRoutingCorrection, FixedPolicy, Selection, default_policy
 
@@ -51,7 +53,9 @@ def test_fixed_length_is_shared_and_capped_by_the_largest_budget():
     assert FixedPolicy("fixed", 8).select(block, torch.tensor([20, 5, 1])).w0.tolist() == [8, 8, 8]
 
 
-def test_default_batched_policy_warns_and_is_one_object():
+def test_default_batched_policy_warns_and_is_one_object(monkeypatch):
+    # the warning is once per process: another test in this worker may have had it already
+    monkeypatch.setattr(policy_module, "_WARNED", BoundedCache(1))
     with pytest.warns(UserWarning, match="built-in default"):
         default_policy("hybridspec", 16, 1)
     a, b = default_policy("hybridspec", 16, 2), default_policy("hybridspec", 16, 2)
