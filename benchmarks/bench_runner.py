@@ -9,10 +9,12 @@ Side by side in one run:
    the device, decoder layers compiled as the runner compiles them) for 4 random blocks; the
    distinct (layer, expert) pairs the w tokens route to and the correlation of C(w) with them;
    the bytes bound of C(16).
-3. Per-component split at w = 4, 8, 16: the GDN mixers (30 layers), the attention mixers (10), the
-   MoE blocks (40: router, routed experts, shared expert), each compiled and captured alone on
-   real hidden states of the block; "other" = C(w) minus their sum (norms, residuals, embedding,
-   LM head, argmax).
+3. Per-component split at w = 1, 4, 8, 16: the GDN mixers (30 layers), the attention mixers (10),
+   the MoE blocks (40: router, routed experts, shared expert), each compiled and captured alone on
+   real hidden states of the block, and the LM head + greedy accept over the 16 rows; "other" =
+   C(w) minus the target's parts (norms, residuals, embedding). Beside them, the drafter's round
+   alone (its `propose` over the prompt's context: 16-position block, layers, fused LM-head top-1),
+   which every speculative round adds to C(w).
 4. Host time per round of speculative decoding on the runner (CPU time between replays, not
    waiting), with the replay drafter (simulated acceptance) at w = 16.
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, time_ms, write_json  # noqa: E402
 from hybridspec.bench import transformers_static  # noqa: E402
+from hybridspec.round.accept import greedy_accept  # noqa: E402
 from hybridspec.round.prefill import prefill  # noqa: E402
 from hybridspec.sim.replay import DeviceReplayDrafter  # noqa: E402
 from hybridspec.round.stats import HybridSpecStats  # noqa: E402
@@ -48,7 +51,7 @@ from hybridspec.runner import Runner  # noqa: E402
 from hybridspec.shapes import build_drafter, build_target  # noqa: E402
 
 W = 16
-SPLIT_AT = (4, 8, 16)
+SPLIT_AT = (1, 4, 8, 16)
 # torch.compile the decoder layers (the runner's default on CUDA); --no-compile clears it
 COMPILE = True
 
@@ -170,14 +173,20 @@ def verification_curve(model, drafter, prompt, bandwidth):
                 c16_ms=c16_ms, c16_bound_ms=bound_ms, c16_bound_bytes=bound_bytes, c16_over_bound=c16_ms / bound_ms)
 
 
-def component_split(model, prompt):
-    """Graphs of the GDN mixers, the attention mixers and the MoE blocks alone, at w rows."""
+def component_split(model, drafter, prompt):
+    """Graphs of the GDN mixers, the attention mixers, the MoE blocks, the LM head + greedy accept
+    and the drafter's round alone, at w rows (the drafter always drafts its whole block)."""
     family = family_of(model)
     runner = Runner(model, capacity=prompt.shape[1] + 64)
     state = runner.state
-    _, cache, _ = prefill(model, prompt, ())
+    taps = tuple(drafter.target_layer_ids)
+    _, cache, feats = prefill(model, prompt, taps)
     load_prefill(state, cache)
     del cache
+    # the drafter's context holds the prompt; `propose` writes its block past it and advances nothing
+    drafter.reset(1, runner.rows)
+    drafter.observe(feats, prompt.shape[1])
+    anchor = prompt[:, -1:].clone()
     text = model.model
     layers = text.layers
     g = torch.Generator().manual_seed(4)
@@ -208,14 +217,25 @@ def component_split(model, prompt):
         for i in state.attn_layers:
             ai = state.attn_slot[i]
             attention_mixer(layers[i].self_attn, mixer_in[i], cos_sin, state.keys[ai], state.values[ai], state.length,
-                            family.apply_rope)
+                            state.pad, family.apply_rope)
 
     def moe():
         for i, layer in enumerate(layers):
             moe_block(layer.mlp, moe_in[i], None, num)
 
+    lm_head = model.get_output_embeddings()
+    final = text.norm(mixer_in[len(layers) - 1])  # a [1, 16, H] hidden state of the right scale
+    drafts = tokens[:, 1:]
+
+    def head_accept():
+        greedy_accept(lm_head(final).float(), drafts, num)
+
+    def draft():
+        drafter.propose(anchor)
+
+    parts = (("gdn", gdn), ("attention", attention), ("moe", moe), ("lm_head_accept", head_accept), ("drafter", draft))
     pool = torch.cuda.graph_pool_handle()
-    graphs = {name: capture(fn, pool=pool) for name, fn in (("gdn", gdn), ("attention", attention), ("moe", moe))}
+    graphs = {name: capture(fn, pool=pool) for name, fn in parts}
     out = {}
     for w in SPLIT_AT:
         num.fill_(w)
@@ -292,11 +312,13 @@ def main() -> None:
     print(f"corr(C, distinct pairs) = {curve['r_distinct']:.4f}, {curve['ms_per_distinct_pair'] * 1e3:.2f} us per pair; "
           f"C(16) = {curve['c16_ms']:.3f} ms vs bytes bound {curve['c16_bound_ms']:.3f} ms ({curve['c16_over_bound']:.2f}x)")
 
-    split = component_split(model, prompt)
+    split = component_split(model, drafter, prompt)
     result["split"] = {str(w): v for w, v in split.items()}
     fixed_at = {r["w"]: r["fixed_ms"] for r in first}
-    print_table(["w", "GDN ms", "attention ms", "MoE ms", "other ms", "C(w) ms"],
-                [[w, v["gdn"], v["attention"], v["moe"], fixed_at[w] - sum(v.values()), fixed_at[w]] for w, v in split.items()])
+    target_parts = ("gdn", "attention", "moe", "lm_head_accept")
+    print_table(["w", "GDN ms", "attention ms", "MoE ms", "LM head + accept ms", "other ms", "C(w) ms", "drafter ms"],
+                [[w, v["gdn"], v["attention"], v["moe"], v["lm_head_accept"],
+                  fixed_at[w] - sum(v[k] for k in target_parts), fixed_at[w], v["drafter"]] for w, v in split.items()])
 
     if not args.skip_hf:
         hf_ms, warmup = hf_static_ar(model, prompt, args.new)
