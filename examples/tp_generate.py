@@ -155,6 +155,15 @@ def run_tiny(args, device) -> bool:
                                           do_sample=True, temperature=0.8, top_p=0.95)[0, prompt.shape[1]:].tolist())
         digest = hashlib.sha1(json.dumps(samples[0]).encode()).hexdigest()[:12]
         reproducible, ranks_agree = samples[0] == samples[1], agree(samples[0])
+        # ranks seeded differently would draw different tokens: the call refuses before any work
+        refused = True
+        if dist.get_world_size() > 1:
+            torch.manual_seed(args.seed + dist.get_rank())
+            try:
+                model.generate(prompt, assistant_model=drafter, hybridspec=True, max_new_tokens=2, do_sample=True)
+                refused = False
+            except ValueError as e:
+                refused = "same random state on every rank" in str(e)
         say(f"{family} on {dist.get_world_size()} rank(s), {device.type}, "
             f"{'graphs captured' if captured else 'eager runner'}:")
         say(f"  {stats.rounds} rounds for {new} tokens, mean acceptance length {stats.mean_acceptance_length:.2f}")
@@ -164,7 +173,9 @@ def run_tiny(args, device) -> bool:
         say(f"  verification lengths agree across ranks: {lengths} ({stats.verify_lengths[:12]} ...)")
         say(f"  sample (seed {args.seed}) reproducible: {reproducible}, the same on every rank: {ranks_agree}")
         say(f"  sample digest (seed {args.seed}): {digest} {samples[0][:12]} ...")
-        ok &= same and same_replayed and lengths and reproducible and ranks_agree
+        if dist.get_world_size() > 1:
+            say(f"  ranks seeded differently: sampling refused: {refused}")
+        ok &= same and same_replayed and lengths and reproducible and ranks_agree and refused
         if device.type == "cuda":
             ok &= captured
         hybridspec.disable(model)

@@ -14,6 +14,7 @@ import torch
 
 from transformers import GenerationMixin
 from transformers.generation import logits_process
+from transformers.generation.stopping_criteria import MaxTimeCriteria
 
 from hybridspec.cache import BoundedCache
 from hybridspec.calibration.artifact import Calibration, current_device_name, runtime_versions
@@ -22,7 +23,7 @@ from hybridspec.fingerprint import drafter_fingerprint, target_fingerprint
 from hybridspec.generation.loop import hybridspec_decode
 from hybridspec.generation.options import BATCH_POLICIES, POLICIES, HybridSpecOptions
 from hybridspec.inputs import check_attention_mask, check_input_ids
-from hybridspec.parallel import model_group
+from hybridspec.parallel import generator_digests, model_group
 from hybridspec.patches import family_of
 from hybridspec.patches.tp import check_sharding
 from hybridspec.policy import FixedPolicy, default_policy, from_calibration
@@ -165,6 +166,11 @@ def _check_request(model, args, kwargs) -> int:
             if merged.get(name):
                 raise ValueError(f"{name}=True is not supported with hybridspec=True for a batch (rows advance by "
                                  "different numbers of tokens per round); decode the rows one at a time")
+        if kwargs.get("prefix_allowed_tokens_fn") is not None:
+            # the reference loop processes each row as a batch of one, so transformers'
+            # PrefixConstrainedLogitsProcessor would pass batch_id 0 for every row
+            raise ValueError("prefix_allowed_tokens_fn is not supported with hybridspec=True for a batch (its batch_id "
+                             "would not reach the rows); decode the rows one at a time")
     for proc in kwargs.get("logits_processor") or []:
         if isinstance(proc, _UNSUPPORTED_PROCESSORS):
             raise ValueError(f"{type(proc).__name__} cannot be applied per verified position")
@@ -172,8 +178,21 @@ def _check_request(model, args, kwargs) -> int:
         raise ValueError("guidance_scale (classifier-free guidance) is not supported with hybridspec=True")
     if merged.get("watermarking_config") is not None:
         raise ValueError("watermarking_config is not supported with hybridspec=True")
-    if merged.get("max_time") is not None and model_group(model) is not None:
-        raise ValueError("max_time is not supported on a tensor-parallel model: each rank would stop at its own "
-                         "clock, at different tokens, and the ranks' collectives would no longer match. Bound the "
-                         "output with max_new_tokens")
+    group = model_group(model)
+    if group is not None:
+        timed = merged.get("max_time") is not None or any(
+            isinstance(c, MaxTimeCriteria) for c in kwargs.get("stopping_criteria") or [])
+        if timed:
+            raise ValueError("max_time (or a MaxTimeCriteria) is not supported on a tensor-parallel model: each rank "
+                             "would stop at its own clock, at different tokens, and the ranks' collectives would no "
+                             "longer match. Bound the output with max_new_tokens")
+        if merged.get("do_sample"):
+            device = model.get_output_embeddings().weight.device
+            digests = generator_digests(group, device)
+            if len(set(digests)) > 1:
+                # different draws would emit different tokens per rank and, in the reference loop,
+                # verify different lengths: mismatched collectives, garbage or a hang
+                raise ValueError("sampling on a tensor-parallel model needs the same random state on every rank: "
+                                 f"call torch.manual_seed(seed) with one seed on every rank before generate "
+                                 f"(generator digests per rank: {digests})")
     return batch_size

@@ -131,3 +131,15 @@ def embedding(emb, ids: torch.Tensor, raw: bool = False) -> torch.Tensor:
     outside = (shifted < 0) | (shifted >= rows)
     out = F.embedding(shifted.masked_fill(outside, 0), table).masked_fill(outside[..., None], 0)
     return all_reduce(out, group)
+
+
+def generator_digests(group, device: torch.device) -> list[str]:
+    """Every rank's digest of the global generator that sampling draws from on `device` (the CUDA
+    generator of that device, or the CPU one), gathered over `group`: one collective per call."""
+    import hashlib
+
+    state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+    mine = hashlib.sha256(state.numpy().tobytes()).hexdigest()[:16]
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    return every

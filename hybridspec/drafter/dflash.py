@@ -205,7 +205,8 @@ class DFlashDrafter(nn.Module):
     def static_buffers(self) -> list[torch.Tensor]:
         """The device buffers a captured round reads and writes (the runner recaptures if they move)."""
         cache = self._context()
-        return [cache.k, cache.v, cache.length]
+        # `start` too: the padding mask and the RoPE positions of a captured round read it
+        return [cache.k, cache.v, cache.length, cache.start]
 
     def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
         """New context holding every prompt position (`reset`, then `observe` of the whole prompt)."""

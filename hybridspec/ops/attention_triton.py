@@ -19,8 +19,8 @@ and the W rows (FlashInfer's prefill kernels pack `qo_len x group` the same way)
 
 Masking follows the project's rule: scores outside a row's causal range become -inf through
 `tl.where` before the softmax, and a row with no visible position in a range keeps m = -inf with
-`exp2(-inf - 0) = 0` instead of NaN. Loads past `L + W` are masked, so stale or NaN positions past
-it never enter arithmetic.
+`exp2(-inf - 0) = 0` instead of NaN. Loads past `L + W` and before the row's start are masked, so
+stale or NaN positions there never enter arithmetic.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def decode_attention_split_kernel(
             q = q.to(tl.float32)
         # row i sees positions below L + i + 1 (padding rows: every position of the range)
         limit = total - W + qi + 1  # [BM]
-        # left padding: positions before the row's start are masked (they are read: padding is at
-        # most the spread of a batch's prompt lengths, and the split ranges stay length-only)
+        # left padding: positions before the row's start are masked and not loaded (the split
+        # ranges stay length-only: padding is at most the spread of a batch's prompt lengths)
         first = tl.load(start_ptr + b * s_start).to(tl.int32) if HAS_START else 0
         k_base = k_ptr + b.to(tl.int64) * s_kb + h.to(tl.int64) * s_kh
         v_base = v_ptr + b.to(tl.int64) * s_vb + h.to(tl.int64) * s_vh
@@ -85,7 +85,9 @@ def decode_attention_split_kernel(
         for n0 in range(start, end, BN):
             pos = n0 + tl.arange(0, BN)
             pos_ok = pos < end
-            kv_mask = pos_ok[:, None] & d_ok[None, :]
+            # positions before the row's start (left padding) are not loaded either: whatever they
+            # hold (NaN included) never meets a zero probability in the P @ V product
+            kv_mask = (pos_ok & (pos >= first))[:, None] & d_ok[None, :]
             k = tl.load(k_base + pos[:, None].to(tl.int64) * s_kn + d[None, :], mask=kv_mask, other=0.0)  # [BN, DP]
             v = tl.load(v_base + pos[:, None].to(tl.int64) * s_vn + d[None, :], mask=kv_mask, other=0.0)
             if UPCAST:

@@ -4,8 +4,8 @@ position mask: the oracle for `attention_triton.py`, and the op's body on CPU.
 Row i of batch row b sits at position `L_b + i` and sees positions `S_b .. L_b + i` (`S_b`: the
 row's first valid position, its left padding; 0 without `starts`); the buffer
 already holds the W new rows' keys and values at `L_b .. L_b + W - 1`. Positions at or past
-`L_b + W` are never read (they may hold anything, NaN included): they are replaced by zeros
-before any arithmetic.
+`L_b + W`, and those before `S_b`, are never read (they may hold anything, NaN included): they are
+replaced by zeros before any arithmetic.
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ def decode_attention(
     L = lengths.to(torch.long).expand(B)  # [B]
     pos = torch.arange(S, device=q.device)
     # [B, 1, S, 1]: the positions this call may read at all
-    live = (pos[None, :] < (L + W)[:, None])[:, None, :, None]
+    live = pos[None, :] < (L + W)[:, None]
+    if starts is not None:
+        live = live & (pos[None, :] >= starts.to(torch.long).expand(B)[:, None])
+    live = live[:, None, :, None]
     k = torch.where(live, keys.float(), 0.0)
     v = torch.where(live, values.float(), 0.0)
     # [B, Hkv, G, W, D]: query head h * G + g of row i against key head h

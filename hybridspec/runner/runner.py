@@ -213,8 +213,12 @@ class Runner:
     def _retire(self, done: list[bool]) -> None:
         """Rows that stopped get no more budget: from the next launched round on they commit
         nothing, and the batched length choice no longer counts them (a write between replays)."""
-        if self.batch_size > 1 and any(done):
-            self.io.budget.masked_fill_(torch.tensor(done, device=self.device), 0)
+        if self.batch_size > 1:
+            # a fill per row, not a mask copied from the host: that copy from pageable memory would
+            # wait for the round in flight and lose the one-round overlap
+            for b, stopped in enumerate(done):
+                if stopped:
+                    self.io.budget[b : b + 1].zero_()
 
     def _read(self, table, prompt_length, out, done, stats, stop, on_tokens) -> None:
         kept_rows, newly = [], False

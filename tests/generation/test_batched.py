@@ -85,7 +85,10 @@ def test_batched_greedy_equals_target_only(model, drafter, batch_size, loop, len
         # one length for the whole batch, capped only by the largest budget left
         assert stats.verify_lengths[0] == lengths["verify_length"]
     else:
-        assert set(stats.verify_lengths) <= {1, 2, 3, 4, 8, 12, 16} | {MAX_NEW - 1 - n for n in range(MAX_NEW)}
+        # the first round has more budget (MAX_NEW - 1 > 16) than any length: one of the set;
+        # later rounds may verify the largest budget left when it is below the chosen length
+        assert stats.verify_lengths[0] in {2, 4, 8, 12, 16}
+        assert all(w in {2, 4, 8, 12, 16} or w < 16 for w in stats.verify_lengths)
 
 
 def test_batched_dflash_drafter_and_unpadded_batch(model, drafter):

@@ -242,6 +242,16 @@ def test_real_shapes(monkeypatch, case):
     out, args = _run(case, "cuda", monkeypatch, AttentionKernelConfig())
     ref = naive_attention.decode_attention(*args[:4], case.D**-0.5, args[4])
     assert_rel(out.float(), ref.float(), TOL[case.dtype], "out vs naive")
+    # as the verification forward calls it: with each row's left padding (NaN there: never read)
+    q, keys, values, lengths, gate = args
+    starts = lengths.expand(case.B) // 3
+    keys, values = keys.clone(), values.clone()
+    for b, first in enumerate(starts.tolist()):
+        keys[b, :, :first] = float("nan")
+        values[b, :, :first] = float("nan")
+    out = decode_attention(q, keys, values, lengths, gate=gate, starts=starts)
+    ref = naive_attention.decode_attention(q, keys, values, lengths, case.D**-0.5, gate, starts)
+    assert_rel(out.float(), ref.float(), TOL[case.dtype], "with starts: out vs naive")
 
 
 @pytest.mark.gpu
@@ -252,15 +262,17 @@ def test_cuda_graph_replays_other_lengths():
     case = AttnCase(B=1, W=16, G=8, Hkv=2, D=256, S=8192 + 64, lengths=(0,), dtype=torch.bfloat16, gate=True, seed=9)
     q, keys, values, lengths, gate = make_inputs(case, "cuda")
     keys, values = (torch.nan_to_num(t) for t in (keys, values))
-    decode_attention(q, keys, values, lengths, gate=gate)
+    starts = torch.zeros_like(lengths)
+    decode_attention(q, keys, values, lengths, gate=gate, starts=starts)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = decode_attention(q, keys, values, lengths, gate=gate)
+        out = decode_attention(q, keys, values, lengths, gate=gate, starts=starts)
     for L in (0, 17, 511, 4000, 8192 + 64 - 16):
         lengths.fill_(L)
+        starts.fill_(L // 4)
         graph.replay()
-        ref = naive_attention.decode_attention(q, keys, values, lengths, case.D**-0.5, gate)
+        ref = naive_attention.decode_attention(q, keys, values, lengths, case.D**-0.5, gate, starts)
         assert_rel(out.float(), ref.float(), TOL[case.dtype], f"replayed at L = {L}")
 
 
@@ -270,8 +282,8 @@ def test_cuda_graph_replays_other_lengths():
          data=None)
 def test_left_padding_starts(device, monkeypatch, case, data):
     """`starts` (left padding): the kernels match the naive twin, and both equal attention over the
-    buffer with the padding cut off. Padded positions hold large finite values, so a kernel that let
-    one through would be far off."""
+    buffer with the padding cut off. Padded positions hold NaN: a kernel that read one would
+    return NaN."""
     monkeypatch.setattr(attn_mod, "KERNEL_CONFIG", SMALL)
     q, keys, values, lengths, gate = make_inputs(case, device)
     Ls = lengths.expand(case.B).tolist()
@@ -279,8 +291,8 @@ def test_left_padding_starts(device, monkeypatch, case, data):
     if data is None:
         starts = [7, 33]
     for b, s in enumerate(starts):
-        keys[b, :, :s] = 1e3
-        values[b, :, :s] = -1e3
+        keys[b, :, :s] = float("nan")
+        values[b, :, :s] = float("nan")
     starts_t = torch.tensor(starts, device=device)
     out = decode_attention(q, keys, values, lengths, gate=gate, starts=starts_t)
     ref = naive_attention.decode_attention(q.cpu(), keys.cpu(), values.cpu(), lengths.cpu(), case.D**-0.5,

@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 
 import hybridspec
 from hybridspec.policy import FixedPolicy
@@ -57,6 +58,7 @@ def test_two_cpu_processes_match_the_unsharded_target_for_both_families():
     assert first.count("identical to target-only greedy: True") == 4, first
     assert first.count("verification lengths agree across ranks: True") == 2, first
     assert first.count("reproducible: True, the same on every rank: True") == 2, first
+    assert first.count("ranks seeded differently: sampling refused: True") == 2, first
     # a second invocation with the same seed draws the same sample
     second = _torchrun("--tiny", "--device", "cpu", "--new-tokens", "32", "--family", "qwen3_5_moe")
     assert _digests(second) == _digests(first)[:1], (first, second)
@@ -95,6 +97,9 @@ def test_world_size_one_runs_the_sharded_path_exactly(group, build):
         assert torch.equal(out, reference), (type(d).__name__, kwargs)
     with pytest.raises(ValueError, match="max_time"):
         model.generate(PROMPT, assistant_model=drafter, hybridspec=True, max_new_tokens=4, max_time=10.0)
+    with pytest.raises(ValueError, match="MaxTimeCriteria"):
+        model.generate(PROMPT, assistant_model=drafter, hybridspec=True, max_new_tokens=4,
+                       stopping_criteria=StoppingCriteriaList([MaxTimeCriteria(10.0)]))
     with pytest.raises(ValueError, match="dispatch='cond' is not supported on a tensor-parallel model"):
         Runner(model, drafter, FixedPolicy("fixed", 4), capacity=64, dispatch="cond")
     hybridspec.disable(model)
