@@ -188,8 +188,8 @@ class _Passes:
         self._generate(0, dict(kwargs, max_new_tokens=min(8, self.new)))
         for i, (ids, _) in enumerate(self.batches):
             res = self._generate(i, dict(kwargs, max_new_tokens=self.new))
-            # a finished row's tail is padding: its own tokens end at its EOS (none without EOS)
-            outs.extend(res.sequences[:, ids.shape[1]:].unbind(0))
+            # a finished row's tail is padding: its own tokens end at its EOS, where AR's rows end
+            outs.extend(_until_eos(row, self.eos) for row in res.sequences[:, ids.shape[1]:].unbind(0))
             seconds.append(res.hybridspec_stats.decode_seconds)
             stats.append(res.hybridspec_stats)
         return outs, seconds, stats
@@ -226,6 +226,14 @@ def batched(prompts, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor |
     return out
 
 
+def _until_eos(row: torch.Tensor, eos) -> torch.Tensor:
+    """A continuation up to and with its first EOS token (the whole row without one)."""
+    if eos is None:
+        return row
+    hits = torch.isin(row, torch.as_tensor(eos, device=row.device).flatten()).nonzero()
+    return row if len(hits) == 0 else row[: int(hits[0, 0]) + 1]
+
+
 def _positions(mask: torch.Tensor) -> torch.Tensor:
     """transformers' `position_ids` for a left-padded text batch (`cumsum(mask) - 1`, 0 on padding)."""
     return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
@@ -257,7 +265,8 @@ def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, cal
         rounds = sum(s.rounds for s in stats)
         median_repeat = sorted(range(len(seconds)), key=lambda r: sum(seconds[r]))[len(seconds) // 2]
         row.update(
-            mean_acceptance_length=sum(sum(a + 1 for a in s.accepted) for s in stats) / rounds,
+            # per row and round: at B > 1 `accepted` holds one entry per running row per round
+            mean_acceptance_length=sum(sum(a + 1 for a in s.accepted) for s in stats) / sum(len(s.accepted) for s in stats),
             ms_per_round=sum(seconds[median_repeat]) * 1e3 / rounds,
             mean_w=float(np.mean([w for s in stats for w in s.verify_lengths])),
             layer0_experts_per_round=float(np.mean([e for s in stats for e in s.layer0_experts if e >= 0] or [float("nan")])),

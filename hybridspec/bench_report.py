@@ -16,7 +16,7 @@ COLUMNS = (
                               "prompts; median over the repeats"),
     ("spread", "spread", "(max - min) / median of the per-repeat tokens/s"),
     ("speedup_vs_ar", "vs AR", "median over the repeats of this row's tokens/s over AR (ours) in the same repeat"),
-    ("mean_acceptance_length", "accept len", "mean tokens emitted per round: accepted drafts + 1"),
+    ("mean_acceptance_length", "accept len", "mean tokens emitted per round (and per row in a batch): accepted drafts + 1"),
     ("ms_per_round", "ms/round", "decode time per verification round (median repeat)"),
     ("mean_w", "mean w", "mean tokens verified per round, the anchor included"),
     ("exact_match_rate", "exact vs AR", "fraction of prompts whose continuation equals AR (ours) token for token; "
