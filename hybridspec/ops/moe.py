@@ -3,7 +3,7 @@
 Same form as the GDN ops (docs/design.md, "Ops"): a `torch.library.custom_op` whose body launches the
 Triton kernels (hybridspec/ops/moe_triton.py) for CUDA tensors, and for CPU tensors under
 `TRITON_INTERPRET=1`, and runs the naive twin otherwise. The wrapper validates; the kernels trust
-their inputs. Three launches per 16-row piece (gate/up, down, reduce), no host sync, no
+their inputs. Three launches per piece of up to 64 rows (gate/up, down, reduce), no host sync, no
 data-dependent shapes. With `KERNEL_CONFIG.pdl` on an sm90+ GPU, down and reduce use programmatic
 dependent launch: each is launched while the kernel before it runs and waits inside for its output.
 """
@@ -17,8 +17,14 @@ import torch
 from hybridspec.ops import naive_moe
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
 
-# token rows per kernel piece: tl.dot needs at least 16, and 16 covers a verification window
+# token rows per kernel piece: tl.dot needs at least 16, and 16 covers a verification window;
+# a batch of verification windows (B x 16 rows, B <= 4) runs as one piece of up to 64 rows, so
+# each expert of the union over the batch is read once
 BLOCK_ROWS = 16
+MAX_PIECE_ROWS = 64
+# the gate/up kernel's H chunk above 16 rows: 64 rows x 256 plus both weight tiles over three
+# pipeline stages would ask for 288 KB of shared memory (the H200 has 227 KB); 128 keeps 144 KB
+WIDE_PIECE_BLOCK_H = 128
 _FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -69,8 +75,14 @@ def _use_pdl(cfg: MoEKernelConfig, x: torch.Tensor) -> bool:
     return bool(cfg.pdl) and not TRITON_INTERPRET and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
-def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, use_pdl):
-    """Run the three kernels on one piece of at most 16 rows; `out` is that piece's rows."""
+def piece_rows(T: int) -> int:
+    """Rows per kernel piece for a call of T rows: 16 up to 16 rows, else the next power of two up
+    to `MAX_PIECE_ROWS` (a piece reads each of its rows' experts once)."""
+    return BLOCK_ROWS if T <= BLOCK_ROWS else min(MAX_PIECE_ROWS, _next_pow2(T))
+
+
+def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, use_pdl, BM):
+    """Run the three kernels on one piece of at most BM rows; `out` is that piece's rows."""
     from hybridspec.ops.moe_triton import moe_down_kernel, moe_gate_up_kernel, moe_reduce_kernel
 
     cfg = KERNEL_CONFIG
@@ -78,7 +90,7 @@ def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, us
     K = ids.shape[1]
     E, I = gate_up.shape[0], down.shape[2]
     # every slot of the piece, read flat
-    SP = _next_pow2(BLOCK_ROWS * K)
+    SP = _next_pow2(BM * K)
     has_n = num_tokens is not None
     nt = num_tokens if has_n else ids
     # Triton's interpreter gets bf16 wrong (dots multiply bit patterns, casts truncate): there the
@@ -87,11 +99,12 @@ def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, us
     # fp32 operands need ieee (the default is tf32); 16-bit operands ignore the setting
     prec = "ieee" if gate_up.dtype == torch.float32 or interp_bf16 else "tf32"
     launch_pdl = {"launch_pdl": True} if use_pdl else {}
-    bn, bk = _block(cfg.gate_up_block_i, I), _block(cfg.gate_up_block_h, H)
+    block_h = cfg.gate_up_block_h if BM <= BLOCK_ROWS else min(cfg.gate_up_block_h, WIDE_PIECE_BLOCK_H)
+    bn, bk = _block(cfg.gate_up_block_i, I), _block(block_h, H)
     moe_gate_up_kernel[(T * K, I // bn)](
         x, ids, nt, gate_up, h,
         T, E, row_off, x.stride(0),
-        H=H, I=I, K=K, BM=BLOCK_ROWS, KP=_next_pow2(K), SP=SP, BN=bn, BK=bk,
+        H=H, I=I, K=K, BM=BM, KP=_next_pow2(K), SP=SP, BN=bn, BK=bk,
         HAS_NUM_TOKENS=has_n, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
         num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages,
     )
@@ -100,7 +113,7 @@ def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, us
     moe_down_kernel[(T * K, H // bn)](
         h, ids, nt, down, y,
         T, E, row_off,
-        H=H, I=I, K=K, BM=BLOCK_ROWS, SP=SP, BN=bn, BK=bk,
+        H=H, I=I, K=K, BM=BM, SP=SP, BN=bn, BK=bk,
         HAS_NUM_TOKENS=has_n, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
         num_warps=cfg.down_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
@@ -135,18 +148,20 @@ def _moe_experts_op(
         return out
     # the kernels read ids flat (a no-op for torch.topk's output)
     topk_ids = topk_ids.contiguous()
+    BM = piece_rows(T)
+    E = gate_up_proj.shape[0]
     # scratch shared by the pieces (stream order, and under pdl each kernel's wait, keeps them
-    # apart); h is indexed by leading slot
-    h = torch.empty(BLOCK_ROWS * K, BLOCK_ROWS, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [slots, rows, I]
-    y = torch.empty(BLOCK_ROWS, K, H, dtype=torch.float32, device=hidden.device)  # [rows, k, H]
+    # apart); h is indexed by expert (each expert has one leading slot per piece)
+    h = torch.empty(E, BM, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [experts, rows, I]
+    y = torch.empty(BM, K, H, dtype=torch.float32, device=hidden.device)  # [rows, k, H]
     use_pdl = _use_pdl(KERNEL_CONFIG, hidden)
-    # Beyond 16 rows: consecutive 16-row pieces, each reading its own experts once (correct and
+    # Beyond 64 rows: consecutive 64-row pieces, each reading its own experts once (correct and
     # graph-capturable; long prefills are better served by a grouped GEMM).
-    for r0 in range(0, T, BLOCK_ROWS):
-        r1 = min(r0 + BLOCK_ROWS, T)
+    for r0 in range(0, T, BM):
+        r1 = min(r0 + BM, T)
         _launch_piece(
             hidden[r0:r1], topk_ids[r0:r1], topk_weights[r0:r1], gate_up_proj, down_proj,
-            num_tokens, r0, h, y, out[r0:r1], use_pdl,
+            num_tokens, r0, h, y, out[r0:r1], use_pdl, BM,
         )
     return out
 
@@ -180,8 +195,9 @@ def moe_experts(
 
     `num_tokens`: optional integer tensor with one element (shape `[1]` or `[]`) on the device of
     `hidden`. Rows at or past it produce zeros and read no expert weights; their ids may be garbage
-    and their hidden states NaN. T <= 16 is one piece (three launches); larger T runs consecutive
-    16-row pieces, each reading the experts its rows select. On sm90+ GPUs the launches of a piece
+    and their hidden states NaN. T <= 64 is one piece (three launches: a batch of up to four
+    verification windows reads each expert of their union once); larger T runs consecutive 64-row
+    pieces, each reading the experts its rows select. On sm90+ GPUs the launches of a piece
     overlap through programmatic dependent launch unless `KERNEL_CONFIG.pdl` is off.
     """
     _check(hidden.dim() == 2, f"hidden must be [T, H], got {tuple(hidden.shape)}")

@@ -1,15 +1,15 @@
 """Small-batch MoE experts (SwiGLU) whose cost follows the distinct experts touched.
 
-Up to BM = 16 token rows with k assignments each. The grid's first axis runs over the T * k
+Up to BM token rows (16, or up to 64 for a batch of verification windows) with k assignments each. The grid's first axis runs over the T * k
 assignment *slots* (slot s = row * k + j). A slot *leads* when its assignment is valid (row below
 `num_tokens`, expert id in [0, E)) and no earlier valid slot chose the same expert; every other
 slot's program exits at once. So each selected expert is handled by exactly one slot, and its
 weights are read once per call however many rows chose it, without sorting or host syncs.
 
 1. `moe_gate_up_kernel`, grid (slots, I / BN): the leading program of expert e multiplies all rows
-   that chose e (others masked to zero, padded to 16 rows for tl.dot) by its BN-row tiles of the
-   gate and up projections and stores `silu(gate) * up` `[BM, BN]` into the slot's row of `h`.
-2. `moe_down_kernel`, grid (slots, H / BN): the leading program multiplies `h[slot]` `[BM, I]` by a
+   that chose e (others masked to zero, padded to BM rows for tl.dot) by its BN-row tiles of the
+   gate and up projections and stores `silu(gate) * up` `[BM, BN]` into expert e's rows of `h`.
+2. `moe_down_kernel`, grid (slots, H / BN): the leading program multiplies `h[e]` `[BM, I]` by a
    BN-row tile of the down projection and stores the result for every (row, j) that chose e into
    the per-assignment buffer `y` `[BM, k, H]` (fp32).
 3. `moe_reduce_kernel`, grid (T, H / BN): `out[r] = sum_j w[r, j] * y[r, j]` over valid
@@ -99,7 +99,7 @@ def moe_gate_up_kernel(
         act = acc_g * tl.sigmoid(acc_g) * acc_u  # [BM, BN]
         if INTERPRET_BF16:
             act = _round_bf16(act)
-        tl.store(h_ptr + (slot * BM + rows[:, None]) * I + cols_n[None, :], act.to(h_ptr.dtype.element_ty))
+        tl.store(h_ptr + (e.to(tl.int64) * BM + rows[:, None]) * I + cols_n[None, :], act.to(h_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -126,7 +126,7 @@ def moe_down_kernel(
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, I, BK):
             cols_k = k0 + tl.arange(0, BK)
-            h = tl.load(h_ptr + (slot * BM + rows[:, None]) * I + cols_k[None, :])  # [BM, BK]
+            h = tl.load(h_ptr + (e.to(tl.int64) * BM + rows[:, None]) * I + cols_k[None, :])  # [BM, BK]
             w = tl.load(w_base + cols_n[:, None] * I + cols_k[None, :])  # [BN, BK]
             if INTERPRET_BF16:
                 h, w = h.to(tl.float32), w.to(tl.float32)

@@ -83,7 +83,8 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     flat = x.reshape(-1, H)
     if num_tokens is not None and B > 1:
         # the op counts rows of the flat [B * w] layout against one length: per batch row, mark the
-        # assignments past that row's count invalid instead (an id outside [0, E) reads no expert)
+        # assignments past that row's count invalid instead (an id outside [0, E) reads no expert);
+        # the B * w rows (<= 64) run as one piece, so each expert of the batch's union is read once
         counted = torch.arange(w, device=x.device)[None, :] < num_tokens[:, None]  # [B, w]
         ids = torch.where(counted[..., None], ids, -1)
         num_tokens = None

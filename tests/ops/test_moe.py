@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hybridspec.ops import moe as moe_mod
 from hybridspec.ops import moe_experts, naive_moe
 from hybridspec.ops.dispatch import TRITON_INTERPRET
-from hybridspec.ops.moe import MoEKernelConfig
+from hybridspec.ops.moe import MoEKernelConfig, piece_rows
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
 from tests.ops.moe_inputs import MoECase, make_inputs, moe_cases
@@ -23,8 +23,9 @@ OUT_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 
 @contextlib.contextmanager
 def expect_pieces(T: int):
-    """Each 16-row piece launches the gate/up, down and reduce kernels once."""
-    pieces = math.ceil(T / 16)
+    """Each piece (16 rows, or up to 64: a batch of verification windows) launches the gate/up,
+    down and reduce kernels once."""
+    pieces = math.ceil(T / piece_rows(T))
     with expect_launch("moe_gate_up", pieces), expect_launch("moe_down", pieces), expect_launch("moe_reduce", pieces):
         yield
 
@@ -101,8 +102,10 @@ def test_rows_past_num_tokens_touch_no_expert(device, case, data):
     _check_past_rows_zero(dirty, n)
 
 
-@pytest.mark.parametrize("T, K, n", [(21, 2, None), (37, 1, 30)])
+@pytest.mark.parametrize("T, K, n", [(21, 2, None), (37, 1, 30), (64, 4, 50), (130, 2, 100)])
 def test_more_than_16_rows_run_in_pieces(device, T, K, n):
+    """Up to 64 rows (four verification windows) run as one piece, more as 64-row pieces."""
+    assert piece_rows(T) == min(64, 1 << (T - 1).bit_length()) and math.ceil(T / piece_rows(T)) == (1 if T <= 64 else 3)
     case = MoECase(T=T, K=K, E=6, H=32, I=16, dtype=torch.float32, routing="random", n=n, seed=T)
     out, args = _run(case, device)
     ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in args))
