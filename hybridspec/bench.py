@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from hybridspec.bench_report import COLUMNS, LOOP_RATIO, NOISY_SPREAD, calibration_noise, noise_reasons, print_table, spread
+from hybridspec.calibration.batched import left_padded
 
 METHODS = (
     ("vanilla DFlash (w=16)", dict(verify_length=16)),
@@ -214,15 +215,10 @@ def batched(prompts, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor |
     out = []
     for i in range(0, len(prompts) - batch_size + 1, batch_size):
         group = prompts[i: i + batch_size]
-        P = max(p.shape[1] for p in group)
-        if all(p.shape[1] == P for p in group):
+        if all(p.shape[1] == group[0].shape[1] for p in group):
             out.append((torch.cat(group), None))
-            continue
-        ids = torch.zeros(len(group), P, dtype=torch.long, device=group[0].device)
-        mask = torch.zeros_like(ids)
-        for b, p in enumerate(group):
-            ids[b, P - p.shape[1]:], mask[b, P - p.shape[1]:] = p[0], 1
-        out.append((ids, mask))
+        else:
+            out.append(left_padded(group, 0))
     return out
 
 

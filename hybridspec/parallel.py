@@ -15,6 +15,8 @@ Shards are even (`patches.tp.check_sharding` refuses others), so rank r of a gro
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 import torch.nn.functional as F
 
@@ -136,8 +138,6 @@ def embedding(emb, ids: torch.Tensor, raw: bool = False) -> torch.Tensor:
 def generator_digests(group, device: torch.device) -> list[str]:
     """Every rank's digest of the global generator that sampling draws from on `device` (the CUDA
     generator of that device, or the CPU one), gathered over `group`: one collective per call."""
-    import hashlib
-
     state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
     mine = hashlib.sha256(state.numpy().tobytes()).hexdigest()[:16]
     every = [None] * dist.get_world_size(group)

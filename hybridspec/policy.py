@@ -91,6 +91,12 @@ def budget(max_w: int | torch.Tensor, batch_size: int, device) -> torch.Tensor:
     return torch.full((batch_size,), max_w, dtype=torch.long, device=device)
 
 
+def conditional_acceptance(acceptance: AcceptanceModel | None, block: DraftBlock) -> torch.Tensor:
+    """`[B, D]` conditional acceptance probabilities of a block's drafts: the calibrated model's, or
+    the raw top-1 confidence without one."""
+    return block.confidence if acceptance is None else acceptance.predict(block.confidence, block.entropy)
+
+
 def prefix_probabilities(c: torch.Tensor) -> torch.Tensor:
     """`[B, D]` conditional probabilities -> `p_i = prod_{j <= i} c_j`, float32."""
     return torch.cumprod(c.float().clamp(0, 1), dim=-1)
@@ -224,11 +230,7 @@ class AdaptivePolicy:
             self.acceptance.prepare(device)
 
     def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
-        if self.acceptance is None:
-            c = block.confidence
-        else:
-            c = self.acceptance.predict(block.confidence, block.entropy)
-        prefix = prefix_probabilities(c)
+        prefix = prefix_probabilities(conditional_acceptance(self.acceptance, block))
         return Selection(self.length.select_prefix(prefix, max_w), prefix)
 
 
@@ -371,8 +373,7 @@ class BatchPolicy:
             self.acceptance.prepare(device)
 
     def select(self, block: DraftBlock, max_w: int | torch.Tensor) -> Selection:
-        c = block.confidence if self.acceptance is None else self.acceptance.predict(block.confidence, block.entropy)
-        prefix = prefix_probabilities(c)
+        prefix = prefix_probabilities(conditional_acceptance(self.acceptance, block))
         B, D = prefix.shape
         cap = budget(max_w, B, prefix.device)
         usable = [(w, cost) for w, cost in zip(self.lengths, self.cost) if w <= D + 1] or [(D + 1, self.cost[0])]

@@ -84,7 +84,7 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
             kept, done[b] = emit(tokens[:m], empty, take_from(b, r.tokens, r.processed, r.logits))
             kept_rows.append(kept)
         w, w0, layer0 = table[0, 2:5].tolist()
-        stats.record(w, w0, kept_rows if B > 1 else kept_rows[0], layer0)
+        stats.record(w, w0, kept_rows, layer0)
         if recorder is not None:
             recorder.end(r.block, w, kept_rows[0], r.routing, done[0])
     stats.decode_seconds = _now(input_ids.device) - started

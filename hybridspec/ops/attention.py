@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from hybridspec.ops import naive_attention
+from hybridspec.ops.checks import FLOAT_INPUTS, check, check_lengths, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
 
-_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 # fp32 dots on the GPU: 3xTF32 (plain TF32 misses the 1e-5 tests); the interpreter computes ieee
 GPU_DOT_PRECISION = "tf32x3"
@@ -54,10 +54,6 @@ KERNEL_CONFIG = AttentionKernelConfig()
 _INTERPRET_SMS = 4
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def _sm_count(t: torch.Tensor) -> int:
     if t.is_cuda and not TRITON_INTERPRET:
         return torch.cuda.get_device_properties(t.device).multi_processor_count
@@ -74,9 +70,9 @@ def launch_plan(cfg: AttentionKernelConfig, B: int, W: int, Hq: int, Hkv: int, S
         # fp32 at head dim 256: 64 query rows + two stages of 32-position K/V tiles need 256 KB of
         # shared memory, over the H200's 227 KB (measured: Triton 3.6 refused it); 32 rows need 160 KB
         block_m = min(block_m, 32)
-    bm = min(max(16, _next_pow2(rows)), max(16, _next_pow2(block_m)))
+    bm = min(max(16, next_pow2(rows)), max(16, next_pow2(block_m)))
     large = D > 128
-    bn = max(16, _next_pow2(cfg.block_n_large if large else cfg.block_n))
+    bn = max(16, next_pow2(cfg.block_n_large if large else cfg.block_n))
     row_blocks = -(-rows // bm)
     splits = cfg.splits
     if splits is None:
@@ -85,7 +81,7 @@ def launch_plan(cfg: AttentionKernelConfig, B: int, W: int, Hq: int, Hkv: int, S
     return {
         "BM": bm, "BN": bn, "row_blocks": row_blocks, "splits": splits,
         "num_warps": cfg.num_warps_large if large else cfg.num_warps, "num_stages": cfg.num_stages,
-        "CS": min(_next_pow2(splits), max(1, _next_pow2(cfg.combine_splits))),
+        "CS": min(next_pow2(splits), max(1, next_pow2(cfg.combine_splits))),
     }
 
 
@@ -116,7 +112,7 @@ def _decode_attention_op(
     G = Hq // Hkv
     plan = launch_plan(KERNEL_CONFIG, B, W, Hq, Hkv, S, D, _sm_count(q), q.element_size())
     splits = plan["splits"]
-    DP = max(16, _next_pow2(D))
+    DP = max(16, next_pow2(D))
     # one length for every row: read it with stride 0
     s_len = lengths.stride(0) if lengths.shape[0] == B and B > 1 else 0
     s_start = starts.stride(0) if starts is not None and starts.shape[0] == B and B > 1 else 0
@@ -155,11 +151,6 @@ def _(q, keys, values, lengths, gate, scale, starts=None):
     return q.new_empty(q.shape)
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
 def decode_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -181,37 +172,32 @@ def decode_attention(
     (checking it would read the device). `scale` defaults to `D ** -0.5`. `gate` `[B, W, Hq, D]`
     (last dim contiguous): the output is multiplied by `sigmoid(gate)` (Qwen3.5's gated attention),
     in fp32 before the one rounding. `starts`: integer `[B]` (or `[1]`) on the device, each row's
-    first visible position (its left padding: row i then sees `starts .. L + i`); None: 0. Returns `[B, W, Hq, D]` contiguous in the dtype of `q`; softmax
-    and accumulation in fp32.
+    first visible position (its left padding: row i then sees `starts .. L + i`); None: 0. Returns
+    `[B, W, Hq, D]` contiguous in the dtype of `q`; softmax and accumulation in fp32.
     """
-    _check(q.dim() == 4, f"q must be [B, W, Hq, D], got {tuple(q.shape)}")
+    check(q.dim() == 4, f"q must be [B, W, Hq, D], got {tuple(q.shape)}")
     B, W, Hq, D = q.shape
-    _check(B >= 1 and W >= 1, f"q must have at least one batch row and one query row, got {tuple(q.shape)}")
-    _check(keys.dim() == 4 and keys.shape[0] == B and keys.shape[3] == D,
-           f"keys must be [B, Hkv, S, D] = [{B}, Hkv, S, {D}], got {tuple(keys.shape)}")
-    _check(values.shape == keys.shape, f"values must match keys {tuple(keys.shape)}, got {tuple(values.shape)}")
+    check(B >= 1 and W >= 1, f"q must have at least one batch row and one query row, got {tuple(q.shape)}")
+    check(keys.dim() == 4 and keys.shape[0] == B and keys.shape[3] == D,
+          f"keys must be [B, Hkv, S, D] = [{B}, Hkv, S, {D}], got {tuple(keys.shape)}")
+    check(values.shape == keys.shape, f"values must match keys {tuple(keys.shape)}, got {tuple(values.shape)}")
     Hkv, S = keys.shape[1], keys.shape[2]
-    _check(Hkv >= 1 and Hq % Hkv == 0,
-           f"query heads ({Hq}) must be a multiple of key heads ({Hkv}): q {tuple(q.shape)}, keys {tuple(keys.shape)}")
-    _check(1 <= D <= MAX_HEAD_DIM, f"head dim must be in 1..{MAX_HEAD_DIM}, got q {tuple(q.shape)}")
-    _check(S >= W, f"the buffer ({S} positions) must hold at least the W = {W} new rows: keys {tuple(keys.shape)}")
-    _check(q.dtype in _FLOAT_INPUTS, f"q must be fp32, bf16 or fp16, got {q.dtype}")
-    _check(keys.dtype == q.dtype and values.dtype == q.dtype,
-           f"keys ({keys.dtype}) and values ({values.dtype}) must have q's dtype {q.dtype}")
+    check(Hkv >= 1 and Hq % Hkv == 0,
+          f"query heads ({Hq}) must be a multiple of key heads ({Hkv}): q {tuple(q.shape)}, keys {tuple(keys.shape)}")
+    check(1 <= D <= MAX_HEAD_DIM, f"head dim must be in 1..{MAX_HEAD_DIM}, got q {tuple(q.shape)}")
+    check(S >= W, f"the buffer ({S} positions) must hold at least the W = {W} new rows: keys {tuple(keys.shape)}")
+    check(q.dtype in FLOAT_INPUTS, f"q must be fp32, bf16 or fp16, got {q.dtype}")
+    check(keys.dtype == q.dtype and values.dtype == q.dtype,
+          f"keys ({keys.dtype}) and values ({values.dtype}) must have q's dtype {q.dtype}")
     for name, t in (("q", q), ("keys", keys), ("values", values)):
-        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
-    _check(lengths.dim() == 1 and lengths.shape[0] in (1, B) and not lengths.is_floating_point()
-           and not lengths.is_complex() and lengths.dtype != torch.bool,
-           f"lengths must be an integer tensor of shape [B] = [{B}] or [1], got {lengths.dtype} {tuple(lengths.shape)}")
+        check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
     if gate is not None:
-        _check(gate.shape == q.shape, f"gate must be [B, W, Hq, D] = {list(q.shape)}, got {tuple(gate.shape)}")
-        _check(gate.dtype == q.dtype, f"gate must have q's dtype {q.dtype}, got {gate.dtype}")
-        _check(gate.stride(-1) == 1, f"gate must be contiguous in its last dim, got strides {gate.stride()}")
-    if starts is not None:
-        _check(starts.dim() == 1 and starts.shape[0] in (1, B) and not starts.is_floating_point()
-               and not starts.is_complex() and starts.dtype != torch.bool,
-               f"starts must be an integer tensor of shape [B] = [{B}] or [1], got {starts.dtype} {tuple(starts.shape)}")
-    for name, t in (("keys", keys), ("values", values), ("lengths", lengths), ("gate", gate), ("starts", starts)):
+        check(gate.shape == q.shape, f"gate must be [B, W, Hq, D] = {list(q.shape)}, got {tuple(gate.shape)}")
+        check(gate.dtype == q.dtype, f"gate must have q's dtype {q.dtype}, got {gate.dtype}")
+        check(gate.stride(-1) == 1, f"gate must be contiguous in its last dim, got strides {gate.stride()}")
+    check_lengths("lengths", lengths, B, q.device, one_for_all=True)
+    check_lengths("starts", starts, B, q.device, one_for_all=True)
+    for name, t in (("keys", keys), ("values", values), ("gate", gate)):
         if t is not None:
-            _check(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
+            check(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
     return _decode_attention_op(q, keys, values, lengths, gate, D**-0.5 if scale is None else float(scale), starts)

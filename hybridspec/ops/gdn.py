@@ -13,10 +13,10 @@ from typing import NamedTuple, Sequence
 import torch
 
 from hybridspec.ops import naive
+from hybridspec.ops.checks import FLOAT_INPUTS, check, check_lengths
 from hybridspec.ops.dispatch import count_launch, use_triton
 
 MAX_TOKENS = 16
-_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class GDNFactors(NamedTuple):
@@ -133,26 +133,11 @@ def _(states, z, k, g_cum, num_commit):
     return None
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
 def _check_head_dim(name: str, d: int) -> None:
-    _check(
+    check(
         16 <= d <= 256 and d & (d - 1) == 0,
         f"{name} head dim must be a power of two in [16, 256], got {d}",
     )
-
-
-def _check_lengths(name: str, t: torch.Tensor | None, B: int, device: torch.device) -> None:
-    if t is None:
-        return
-    _check(
-        t.shape == (B,) and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool,
-        f"{name} must be an integer tensor of shape [B] = [{B}], got {t.dtype} {tuple(t.shape)}",
-    )
-    _check(t.device == device, f"{name} is on {t.device}, the inputs on {device}")
 
 
 def gdn_verify(
@@ -176,24 +161,24 @@ def gdn_verify(
     `[B, T, HV, V]` in the dtype of `v`, equal to the token-by-token recurrence, and `GDNFactors`.
     `factors_out` supplies preallocated factor buffers (static addresses for CUDA graphs).
     """
-    _check(q.dim() == 4 and k.shape == q.shape, f"q and k must be [B, T, HK, K] alike, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    check(q.dim() == 4 and k.shape == q.shape, f"q and k must be [B, T, HK, K] alike, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     B, T, HK, K = q.shape
-    _check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got q {tuple(q.shape)}")
-    _check(v.dim() == 4 and v.shape[:2] == (B, T), f"v must be [B, T, HV, V] = [{B}, {T}, HV, V], got {tuple(v.shape)}")
+    check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got q {tuple(q.shape)}")
+    check(v.dim() == 4 and v.shape[:2] == (B, T), f"v must be [B, T, HV, V] = [{B}, {T}, HV, V], got {tuple(v.shape)}")
     HV, V = v.shape[2:]
-    _check(HV % HK == 0, f"value heads ({HV}) must be a multiple of key heads ({HK}): v {tuple(v.shape)}, k {tuple(k.shape)}")
+    check(HV % HK == 0, f"value heads ({HV}) must be a multiple of key heads ({HK}): v {tuple(v.shape)}, k {tuple(k.shape)}")
     _check_head_dim("key", K)
     _check_head_dim("value", V)
-    _check(g.shape == (B, T, HV) and beta.shape == (B, T, HV),
-           f"g and beta must be [B, T, HV] = [{B}, {T}, {HV}], got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
-    _check(state.shape == (B, HV, K, V), f"state must be [B, HV, K, V] = [{B}, {HV}, {K}, {V}], got {tuple(state.shape)}")
-    _check(state.dtype == torch.float32 and state.is_contiguous(), f"state must be contiguous fp32, got {state.dtype}")
+    check(g.shape == (B, T, HV) and beta.shape == (B, T, HV),
+          f"g and beta must be [B, T, HV] = [{B}, {T}, {HV}], got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    check(state.shape == (B, HV, K, V), f"state must be [B, HV, K, V] = [{B}, {HV}, {K}, {V}], got {tuple(state.shape)}")
+    check(state.dtype == torch.float32 and state.is_contiguous(), f"state must be contiguous fp32, got {state.dtype}")
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        _check(t.dtype in _FLOAT_INPUTS, f"{name} must be fp32, bf16 or fp16, got {t.dtype}")
-        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+        check(t.dtype in FLOAT_INPUTS, f"{name} must be fp32, bf16 or fp16, got {t.dtype}")
+        check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
     for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
-        _check(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
-    _check_lengths("num_tokens", num_tokens, B, q.device)
+        check(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
+    check_lengths("num_tokens", num_tokens, B, q.device)
     if factors_out is None:
         factors_out = GDNFactors(
             torch.empty(B, T, HV, V, dtype=torch.float32, device=q.device),
@@ -206,7 +191,7 @@ def gdn_verify(
             ("k", factors_out.k, (B, T, HK, K)),
             ("g_cum", factors_out.g_cum, (B, T, HV)),
         ):
-            _check(
+            check(
                 t.shape == shape and t.dtype == torch.float32 and t.is_contiguous() and t.device == q.device,
                 f"factors_out.{name} must be contiguous fp32 {list(shape)} on {q.device}, got {t.dtype} {tuple(t.shape)} on {t.device}",
             )
@@ -236,21 +221,21 @@ def gdn_commit(
     """
     if not isinstance(factors, GDNFactors):
         factors = stack_factors(list(factors))
-    _check(states.dim() == 5, f"states must be [L, B, HV, K, V], got {tuple(states.shape)}")
+    check(states.dim() == 5, f"states must be [L, B, HV, K, V], got {tuple(states.shape)}")
     L, B, HV, K, V = states.shape
-    _check(states.dtype == torch.float32 and states.is_contiguous(), f"states must be contiguous fp32, got {states.dtype}")
+    check(states.dtype == torch.float32 and states.is_contiguous(), f"states must be contiguous fp32, got {states.dtype}")
     z, k, g_cum = factors
-    _check(z.dim() == 5 and z.shape[:2] == (L, B) and z.shape[3:] == (HV, V),
-           f"factors.z must be [L, B, T, HV, V] = [{L}, {B}, T, {HV}, {V}], got {tuple(z.shape)}")
+    check(z.dim() == 5 and z.shape[:2] == (L, B) and z.shape[3:] == (HV, V),
+          f"factors.z must be [L, B, T, HV, V] = [{L}, {B}, T, {HV}, {V}], got {tuple(z.shape)}")
     T = z.shape[2]
-    _check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got factors.z {tuple(z.shape)}")
-    _check(k.dim() == 5 and k.shape[:3] == (L, B, T) and k.shape[4] == K and HV % k.shape[3] == 0,
-           f"factors.k must be [L, B, T, HK, K] = [{L}, {B}, {T}, HK, {K}] with HV % HK == 0, got {tuple(k.shape)}")
-    _check(g_cum.shape == (L, B, T, HV), f"factors.g_cum must be [L, B, T, HV] = [{L}, {B}, {T}, {HV}], got {tuple(g_cum.shape)}")
+    check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got factors.z {tuple(z.shape)}")
+    check(k.dim() == 5 and k.shape[:3] == (L, B, T) and k.shape[4] == K and HV % k.shape[3] == 0,
+          f"factors.k must be [L, B, T, HK, K] = [{L}, {B}, {T}, HK, {K}] with HV % HK == 0, got {tuple(k.shape)}")
+    check(g_cum.shape == (L, B, T, HV), f"factors.g_cum must be [L, B, T, HV] = [{L}, {B}, {T}, {HV}], got {tuple(g_cum.shape)}")
     for name, t in (("z", z), ("k", k), ("g_cum", g_cum)):
-        _check(t.dtype == torch.float32 and t.device == states.device, f"factors.{name} must be fp32 on {states.device}, got {t.dtype} on {t.device}")
-        _check(t[0].is_contiguous(), f"factors.{name} must be contiguous per layer, got strides {t.stride()}")
+        check(t.dtype == torch.float32 and t.device == states.device, f"factors.{name} must be fp32 on {states.device}, got {t.dtype} on {t.device}")
+        check(t[0].is_contiguous(), f"factors.{name} must be contiguous per layer, got strides {t.stride()}")
     _check_head_dim("key", K)
     _check_head_dim("value", V)
-    _check_lengths("num_commit", num_commit, B, states.device)
+    check_lengths("num_commit", num_commit, B, states.device)
     _gdn_commit_op(states, z, k, g_cum, num_commit)

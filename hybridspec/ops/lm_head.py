@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from hybridspec.ops import naive_lm_head
+from hybridspec.ops.checks import FLOAT_INPUTS, check, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
 
-_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 GPU_DOT_PRECISION = "tf32x3"
 _ROUND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -41,10 +41,6 @@ class LMHeadKernelConfig:
 KERNEL_CONFIG = LMHeadKernelConfig()
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 @torch.library.custom_op("hybridspec::lm_head_top1", mutates_args=(), device_types=None)
 def _lm_head_top1_op(
     hidden: torch.Tensor, weight: torch.Tensor, scale: float
@@ -56,9 +52,9 @@ def _lm_head_top1_op(
     cfg = KERNEL_CONFIG
     N, H = hidden.shape
     V = weight.shape[0]
-    bm = min(max(16, _next_pow2(N)), max(16, _next_pow2(cfg.block_m)))
-    bv = max(16, _next_pow2(cfg.block_v))
-    bk = min(max(16, _next_pow2(cfg.block_k)), max(16, _next_pow2(H)))
+    bm = min(max(16, next_pow2(N)), max(16, next_pow2(cfg.block_m)))
+    bv = max(16, next_pow2(cfg.block_v))
+    bk = min(max(16, next_pow2(cfg.block_k)), max(16, next_pow2(H)))
     tiles = -(-V // bv)
     interp16 = TRITON_INTERPRET and weight.dtype != torch.float32
     rnd = _ROUND[weight.dtype]
@@ -83,7 +79,7 @@ def _lm_head_top1_op(
     entropy = torch.empty(N, dtype=torch.float32, device=hidden.device)
     lm_head_combine_kernel[(N,)](
         parts[0], idx, parts[1], parts[2], tokens, confidence, entropy,
-        N, tiles, BT=min(_next_pow2(tiles), max(16, _next_pow2(cfg.combine_tiles))), num_warps=4,
+        N, tiles, BT=min(next_pow2(tiles), max(16, next_pow2(cfg.combine_tiles))), num_warps=4,
     )
     count_launch("lm_head_combine")
     return tokens, confidence, entropy
@@ -94,11 +90,6 @@ def _(hidden, weight, scale):
     N = hidden.shape[0]
     return (hidden.new_empty(N, dtype=torch.long), hidden.new_empty(N, dtype=torch.float32),
             hidden.new_empty(N, dtype=torch.float32))
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 def lm_head_top1(
@@ -116,14 +107,14 @@ def lm_head_top1(
     logit to a neighbouring value, a near-tie can go the other way (as between two GEMM libraries).
     One launch of the partial kernel reads the weight once for up to `KERNEL_CONFIG.block_m` rows.
     """
-    _check(hidden.dim() == 2 and hidden.shape[0] >= 1, f"hidden must be [N, H] with N >= 1, got {tuple(hidden.shape)}")
+    check(hidden.dim() == 2 and hidden.shape[0] >= 1, f"hidden must be [N, H] with N >= 1, got {tuple(hidden.shape)}")
     N, H = hidden.shape
-    _check(weight.dim() == 2 and weight.shape[1] == H and weight.shape[0] >= 1,
-           f"weight must be [V, H] = [V, {H}], got {tuple(weight.shape)}")
-    _check(hidden.dtype in _FLOAT_INPUTS, f"hidden must be fp32, bf16 or fp16, got {hidden.dtype}")
-    _check(weight.dtype == hidden.dtype, f"weight ({weight.dtype}) must have hidden's dtype {hidden.dtype}")
-    _check(hidden.stride(1) == 1 and weight.stride(1) == 1,
-           f"hidden and weight must be contiguous in their last dim, got strides {hidden.stride()} and {weight.stride()}")
-    _check(weight.shape[0] < 2**31, f"vocabulary of {weight.shape[0]} rows needs 64-bit token indices")
-    _check(weight.device == hidden.device, f"weight is on {weight.device}, hidden on {hidden.device}")
+    check(weight.dim() == 2 and weight.shape[1] == H and weight.shape[0] >= 1,
+          f"weight must be [V, H] = [V, {H}], got {tuple(weight.shape)}")
+    check(hidden.dtype in FLOAT_INPUTS, f"hidden must be fp32, bf16 or fp16, got {hidden.dtype}")
+    check(weight.dtype == hidden.dtype, f"weight ({weight.dtype}) must have hidden's dtype {hidden.dtype}")
+    check(hidden.stride(1) == 1 and weight.stride(1) == 1,
+          f"hidden and weight must be contiguous in their last dim, got strides {hidden.stride()} and {weight.stride()}")
+    check(weight.shape[0] < 2**31, f"vocabulary of {weight.shape[0]} rows needs 64-bit token indices")
+    check(weight.device == hidden.device, f"weight is on {weight.device}, hidden on {hidden.device}")
     return _lm_head_top1_op(hidden, weight, float(scale))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridspec.ops import naive_moe
+from hybridspec.ops.checks import FLOAT_INPUTS, check, is_integer, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
 
 # token rows per kernel piece: tl.dot needs at least 16, and 16 covers a verification window;
@@ -25,7 +26,6 @@ MAX_PIECE_ROWS = 64
 # the gate/up kernel's H chunk above 16 rows: 64 rows x 256 plus both weight tiles over three
 # pipeline stages would ask for 288 KB of shared memory (the H200 has 227 KB); 128 keeps 144 KB
 WIDE_PIECE_BLOCK_H = 128
-_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass
@@ -65,10 +65,6 @@ def _block(limit: int, dim: int) -> int:
     return b
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
 def _use_pdl(cfg: MoEKernelConfig, x: torch.Tensor) -> bool:
     """Whether this call uses programmatic dependent launch: asked for, on an sm90+ GPU, and not
     interpreted (the interpreter also takes CUDA tensors, and fails on `gdc_*`)."""
@@ -78,7 +74,7 @@ def _use_pdl(cfg: MoEKernelConfig, x: torch.Tensor) -> bool:
 def piece_rows(T: int) -> int:
     """Rows per kernel piece for a call of T rows: 16 up to 16 rows, else the next power of two up
     to `MAX_PIECE_ROWS` (a piece reads each of its rows' experts once)."""
-    return BLOCK_ROWS if T <= BLOCK_ROWS else min(MAX_PIECE_ROWS, _next_pow2(T))
+    return BLOCK_ROWS if T <= BLOCK_ROWS else min(MAX_PIECE_ROWS, next_pow2(T))
 
 
 def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, use_pdl, BM):
@@ -90,7 +86,7 @@ def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, us
     K = ids.shape[1]
     E, I = gate_up.shape[0], down.shape[2]
     # every slot of the piece, read flat
-    SP = _next_pow2(BM * K)
+    SP = next_pow2(BM * K)
     has_n = num_tokens is not None
     nt = num_tokens if has_n else ids
     # Triton's interpreter gets bf16 wrong (dots multiply bit patterns, casts truncate): there the
@@ -104,7 +100,7 @@ def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, us
     moe_gate_up_kernel[(T * K, I // bn)](
         x, ids, nt, gate_up, h,
         T, E, row_off, x.stride(0),
-        H=H, I=I, K=K, BM=BM, KP=_next_pow2(K), SP=SP, BN=bn, BK=bk,
+        H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk,
         HAS_NUM_TOKENS=has_n, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
         num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages,
     )
@@ -171,11 +167,6 @@ def _(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens):
     return hidden.new_empty(hidden.shape)
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
 def moe_experts(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -200,36 +191,35 @@ def moe_experts(
     pieces, each reading the experts its rows select. On sm90+ GPUs the launches of a piece
     overlap through programmatic dependent launch unless `KERNEL_CONFIG.pdl` is off.
     """
-    _check(hidden.dim() == 2, f"hidden must be [T, H], got {tuple(hidden.shape)}")
+    check(hidden.dim() == 2, f"hidden must be [T, H], got {tuple(hidden.shape)}")
     T, H = hidden.shape
-    _check(topk_ids.dim() == 2 and topk_ids.shape[0] == T and topk_ids.shape[1] >= 1,
-           f"topk_ids must be [T, k] = [{T}, k], got {tuple(topk_ids.shape)}")
+    check(topk_ids.dim() == 2 and topk_ids.shape[0] == T and topk_ids.shape[1] >= 1,
+          f"topk_ids must be [T, k] = [{T}, k], got {tuple(topk_ids.shape)}")
     K = topk_ids.shape[1]
-    _check(topk_weights.shape == (T, K),
-           f"topk_weights must be [T, k] = [{T}, {K}] like topk_ids, got {tuple(topk_weights.shape)}")
-    _check(gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == H and gate_up_proj.shape[1] % 2 == 0,
-           f"gate_up_proj must be [E, 2I, H] with H = {H}, got {tuple(gate_up_proj.shape)}")
+    check(topk_weights.shape == (T, K),
+          f"topk_weights must be [T, k] = [{T}, {K}] like topk_ids, got {tuple(topk_weights.shape)}")
+    check(gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == H and gate_up_proj.shape[1] % 2 == 0,
+          f"gate_up_proj must be [E, 2I, H] with H = {H}, got {tuple(gate_up_proj.shape)}")
     E, I = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
-    _check(down_proj.shape == (E, H, I),
-           f"down_proj must be [E, H, I] = [{E}, {H}, {I}] to match gate_up_proj {tuple(gate_up_proj.shape)}, "
-           f"got {tuple(down_proj.shape)}")
-    _check(H % 16 == 0 and I % 16 == 0 and I > 0,
-           f"H and I must be positive multiples of 16, got H = {H}, I = {I} (gate_up_proj {tuple(gate_up_proj.shape)})")
-    _check(hidden.dtype in _FLOAT_INPUTS, f"hidden must be fp32, bf16 or fp16, got {hidden.dtype}")
-    _check(gate_up_proj.dtype == hidden.dtype and down_proj.dtype == hidden.dtype,
-           f"gate_up_proj ({gate_up_proj.dtype}) and down_proj ({down_proj.dtype}) must have hidden's dtype {hidden.dtype}")
-    _check(not topk_ids.is_floating_point() and not topk_ids.is_complex() and topk_ids.dtype != torch.bool,
-           f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
-    _check(topk_weights.is_floating_point(), f"topk_weights must be a float tensor, got {topk_weights.dtype}")
-    _check(hidden.stride(1) == 1, f"hidden must be contiguous in its last dim, got strides {hidden.stride()}")
-    _check(gate_up_proj.is_contiguous() and down_proj.is_contiguous(),
-           f"gate_up_proj and down_proj must be contiguous, got strides {gate_up_proj.stride()} and {down_proj.stride()}")
+    check(down_proj.shape == (E, H, I),
+          f"down_proj must be [E, H, I] = [{E}, {H}, {I}] to match gate_up_proj {tuple(gate_up_proj.shape)}, "
+          f"got {tuple(down_proj.shape)}")
+    check(H % 16 == 0 and I % 16 == 0 and I > 0,
+          f"H and I must be positive multiples of 16, got H = {H}, I = {I} (gate_up_proj {tuple(gate_up_proj.shape)})")
+    check(hidden.dtype in FLOAT_INPUTS, f"hidden must be fp32, bf16 or fp16, got {hidden.dtype}")
+    check(gate_up_proj.dtype == hidden.dtype and down_proj.dtype == hidden.dtype,
+          f"gate_up_proj ({gate_up_proj.dtype}) and down_proj ({down_proj.dtype}) must have hidden's dtype {hidden.dtype}")
+    check(is_integer(topk_ids),
+          f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
+    check(topk_weights.is_floating_point(), f"topk_weights must be a float tensor, got {topk_weights.dtype}")
+    check(hidden.stride(1) == 1, f"hidden must be contiguous in its last dim, got strides {hidden.stride()}")
+    check(gate_up_proj.is_contiguous() and down_proj.is_contiguous(),
+          f"gate_up_proj and down_proj must be contiguous, got strides {gate_up_proj.stride()} and {down_proj.stride()}")
     for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights),
                     ("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
-        _check(t.device == hidden.device, f"{name} is on {t.device}, hidden on {hidden.device}")
+        check(t.device == hidden.device, f"{name} is on {t.device}, hidden on {hidden.device}")
     if num_tokens is not None:
-        _check(num_tokens.numel() == 1 and num_tokens.dim() <= 1 and not num_tokens.is_floating_point()
-               and not num_tokens.is_complex() and num_tokens.dtype != torch.bool,
-               f"num_tokens must be an integer tensor of shape [1] or [], got {num_tokens.dtype} {tuple(num_tokens.shape)}")
-        _check(num_tokens.device == hidden.device, f"num_tokens is on {num_tokens.device}, hidden on {hidden.device}")
+        check(num_tokens.numel() == 1 and num_tokens.dim() <= 1 and is_integer(num_tokens),
+              f"num_tokens must be an integer tensor of shape [1] or [], got {num_tokens.dtype} {tuple(num_tokens.shape)}")
+        check(num_tokens.device == hidden.device, f"num_tokens is on {num_tokens.device}, hidden on {hidden.device}")
     return _moe_experts_op(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens)

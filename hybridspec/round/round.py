@@ -108,7 +108,6 @@ class Round:
         per row. A row without budget (it reached its limit, or EOS where the caller zeroed it)
         still runs, counts one row and commits nothing, so a finished row of a batch stays put."""
         state = self.state
-        B = budget.shape[0]
         cap = budget.clamp(min=1)
         block = stages.draft(self.drafter, context)
         selection = stages.select(self.policy, block, cap)
@@ -123,8 +122,7 @@ class Round:
         hidden, features = stages.verify(self.target, state, tokens, kept, counted, rows, self.two_stage, self.cond,
                                          routing)
         logits, processed = stages.score(self.target, hidden, block.tokens, process)
-        limit = None if self.exact and B == 1 else counted
-        emitted, accepted = stages.accept(self.sampler.round_rule, processed, block.tokens, limit)
+        emitted, accepted = stages.accept(self.sampler.round_rule, processed, block.tokens, counted)
         m = torch.where(budget > 0, accepted + 1, 0)
         stages.commit(state, self.drafter, features, m)
         return RoundResult(block, selection.w0, w, emitted, accepted, self.sampler.empty(processed, accepted), layer0,

@@ -26,12 +26,12 @@ class HybridSpecStats:
     replay_seconds: list[float] = field(default_factory=list, compare=False)
     launched: int = field(default=0, compare=False)
 
-    def record(self, w: int, w0: int, kept: int | list[int], layer0: int) -> None:
-        """One round: its verified and nominal lengths, the drafts kept (an int, or a batch's list
-        over the rows still emitting), its Layer-0 experts."""
+    def record(self, w: int, w0: int, kept: list[int], layer0: int) -> None:
+        """One round: its verified and nominal lengths, the drafts kept by each row still emitting
+        (in row order), its Layer-0 experts."""
         self.verify_lengths.append(w)
         self.nominal_lengths.append(w0)
-        self.accepted.extend(kept if isinstance(kept, list) else [kept])
+        self.accepted.extend(kept)
         self.layer0_experts.append(layer0)
 
     @property

@@ -213,12 +213,11 @@ class Runner:
     def _retire(self, done: list[bool]) -> None:
         """Rows that stopped get no more budget: from the next launched round on they commit
         nothing, and the batched length choice no longer counts them (a write between replays)."""
-        if self.batch_size > 1:
-            # a fill per row, not a mask copied from the host: that copy from pageable memory would
-            # wait for the round in flight and lose the one-round overlap
-            for b, stopped in enumerate(done):
-                if stopped:
-                    self.io.budget[b : b + 1].zero_()
+        # a fill per row, not a mask copied from the host: that copy from pageable memory would
+        # wait for the round in flight and lose the one-round overlap
+        for b, stopped in enumerate(done):
+            if stopped:
+                self.io.budget[b : b + 1].zero_()
 
     def _read(self, table, prompt_length, out, done, stats, stop, on_tokens) -> None:
         kept_rows, newly = [], False
@@ -239,7 +238,7 @@ class Runner:
             if on_tokens is not None:
                 on_tokens(new)
         w, w0, layer0 = (table[0][self.width + c] for c in (W_COL, W0_COL, L0_COL))
-        stats.record(w, w0, kept_rows if self.batch_size > 1 else kept_rows[0], layer0)
+        stats.record(w, w0, kept_rows, layer0)
         if newly:
             self._retire(done)
 
