@@ -255,6 +255,8 @@ def test_real_shapes(monkeypatch, case):
 
 
 @pytest.mark.gpu
+# not a missing feature: Triton's interpreter runs kernels on host copies of CUDA tensors, and a
+# CUDA-graph capture forbids those copies (the same limit as test_moe's graph test)
 @pytest.mark.skipif(TRITON_INTERPRET, reason="the interpreter copies CUDA tensors to the host, which capture forbids")
 def test_cuda_graph_replays_other_lengths():
     """Captured once, replayed as the length moves from 0 to the end of the buffer: the split sizes

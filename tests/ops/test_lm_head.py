@@ -187,15 +187,16 @@ def test_wrapper_validates(change, match):
         lm_head_top1(*change(hidden, weight))
 
 
-def _drafter_pair(**overrides):
+def _drafter_pair(device, **overrides):
     from tests.models import TAPS, config, qwen35_causal_lm, random_drafter
 
-    target = qwen35_causal_lm()
-    drafter = random_drafter(config(**overrides)).bind(target)
+    target = qwen35_causal_lm().to(device)
+    drafter = random_drafter(config(**overrides)).to(device).bind(target)
     gen = torch.Generator().manual_seed(7)
     prompt = torch.randint(0, 100, (2, 12), generator=gen)
-    drafter.start(prompt, torch.randn(2, 12, len(TAPS) * target.config.hidden_size, generator=gen))
-    return drafter, prompt
+    features = torch.randn(2, 12, len(TAPS) * target.config.hidden_size, generator=gen)
+    drafter.start(prompt.to(device), features.to(device))
+    return drafter, prompt.to(device)
 
 
 def _eager_block(drafter, anchor):
@@ -216,9 +217,7 @@ def _eager_block(drafter, anchor):
 def test_drafter_uses_the_fused_head(device, overrides, fused):
     """`DFlashDrafter.propose` drafts through lm_head_top1 (one launch for the B x 15 rows) unless
     the checkpoint softcaps its logits, and drafts what the full logits give."""
-    if device != "cpu":
-        pytest.skip("the tiny drafter runs on the CPU")
-    drafter, prompt = _drafter_pair(**overrides)
+    drafter, prompt = _drafter_pair(device, **overrides)
     anchor = prompt[:, -1]
     tokens, conf, ent, _ = _eager_block(drafter, anchor)
     with expect_launch("lm_head_partial", 1 if fused else 0):
