@@ -44,7 +44,9 @@ class Trace:
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:
-            json.dump({"format": FORMAT, "source": self.source, "confidence": self.confidence.tolist(),
+            # the recorded rounds are a real pair's; a bench replaying them labels its rows simulated
+            json.dump({"format": FORMAT, "source": self.source, "acceptance": "real (recorded from the source pair)",
+                       "confidence": self.confidence.tolist(),
                        "entropy": self.entropy.tolist(), "accepted": self.accepted.tolist()}, f)
 
     @classmethod

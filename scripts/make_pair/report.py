@@ -68,7 +68,8 @@ def main(argv=None):
     rows = [json.loads(line) for line in (pair / "heldout_prompts.jsonl").read_text().splitlines() if line.strip()]
     prompts = [torch.tensor([tokenizer(r["prompt"])["input_ids"]]) for r in rows[: args.prompts]]
 
-    report = {"prompts": len(prompts), "new_tokens": args.new_tokens, "dtype": "float32", "device": "cpu",
+    report = {"simulated": False, "acceptance_kind": "real: speculative runs of the committed pair",
+              "prompts": len(prompts), "new_tokens": args.new_tokens, "dtype": "float32", "device": "cpu",
               "torch": torch.__version__, "transformers": transformers.__version__}
     report["acceptance"] = acceptance_report(hybridspec.enable(target), drafter, prompts, args.new_tokens, args.seed,
                                              enforce_eager=False)
