@@ -101,9 +101,9 @@ def host_parts(runner, prompt, calls: int = 100) -> dict:
     parts["ring_copy_and_event"] = per_call(lambda: (row.copy_(out_row, non_blocking=True), event.record()))
     torch.cuda.synchronize()
     parts["tolist"] = per_call(row.tolist)
-    values, stats, out = row.tolist(), HybridSpecStats(), []
+    values, stats, out, done = row.tolist(), HybridSpecStats(), [[]], [False]
     stop = HostStopping(1 << 30, set(), [])
-    parts["read"] = per_call(lambda: runner._read(values, prompt.shape[1], out, stats, stop, None))
+    parts["read"] = per_call(lambda: runner._read(values, prompt.shape[1], out, done, stats, stop, None))
     return parts
 
 
