@@ -14,7 +14,8 @@ Side by side in one run:
    real hidden states of the block, and the LM head + greedy accept over the 16 rows; "other" =
    C(w) minus the target's parts (norms, residuals, embedding). Beside them, the drafter's round
    alone (its `propose` over the prompt's context: 16-position block, layers, fused LM-head top-1),
-   which every speculative round adds to C(w).
+   which every speculative round adds to C(w). Per component, the kernels per layer at w = 1 and
+   the costliest kernels (torch.profiler over one eager call of the compiled functions).
 4. Host time per round of speculative decoding on the runner (CPU time between replays, not
    waiting), with the replay drafter (simulated acceptance) at w = 16.
 
@@ -234,6 +235,10 @@ def component_split(model, drafter, prompt):
         drafter.propose(anchor)
 
     parts = (("gdn", gdn), ("attention", attention), ("moe", moe), ("lm_head_accept", head_accept), ("drafter", draft))
+    per_layer = dict(gdn=len(state.gdn_layers), attention=len(state.attn_layers), moe=len(layers),
+                     lm_head_accept=1, drafter=len(drafter.layers))
+    num.fill_(1)
+    kernels = {name: kernel_profile(fn, per_layer[name]) for name, fn in parts}
     pool = torch.cuda.graph_pool_handle()
     graphs = {name: capture(fn, pool=pool) for name, fn in parts}
     out = {}
@@ -241,7 +246,28 @@ def component_split(model, drafter, prompt):
         num.fill_(w)
         out[w] = {name: time_ms(graph.replay, replays=5, samples=15) for name, graph in graphs.items()}
     del runner, graphs
-    return out
+    return out, kernels
+
+
+def kernel_profile(fn, layers: int, top: int = 8) -> dict:
+    """Kernels one call of `fn` launches (run eagerly after a warm-up, under torch.profiler), per
+    layer, and the `top` kernels by GPU time: where a component's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
+              and "memset" not in e.name.lower()]
+    by_name: dict = {}
+    for e in events:
+        total, count = by_name.get(e.name, (0.0, 0))
+        by_name[e.name] = (total + e.time_range.elapsed_us(), count + 1)
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return dict(kernels_per_layer=len(events) / layers, layers=layers,
+                top=[dict(name=n[:90], us_per_layer=t / layers, launches_per_layer=c / layers) for n, (t, c) in ranked])
 
 
 def spec_host_time(model, drafter, prompt, continuation, new):
@@ -312,8 +338,13 @@ def main() -> None:
     print(f"corr(C, distinct pairs) = {curve['r_distinct']:.4f}, {curve['ms_per_distinct_pair'] * 1e3:.2f} us per pair; "
           f"C(16) = {curve['c16_ms']:.3f} ms vs bytes bound {curve['c16_bound_ms']:.3f} ms ({curve['c16_over_bound']:.2f}x)")
 
-    split = component_split(model, drafter, prompt)
+    split, kernels = component_split(model, drafter, prompt)
     result["split"] = {str(w): v for w, v in split.items()}
+    result["kernels_at_w1"] = kernels
+    for name, k in kernels.items():
+        print(f"{name}: {k['kernels_per_layer']:.1f} kernels per layer (w = 1, eager launch of the compiled function)")
+        for t in k["top"]:
+            print(f"    {t['us_per_layer']:7.1f} us  x{t['launches_per_layer']:.1f}  {t['name']}")
     fixed_at = {r["w"]: r["fixed_ms"] for r in first}
     target_parts = ("gdn", "attention", "moe", "lm_head_accept")
     print_table(["w", "GDN ms", "attention ms", "MoE ms", "LM head + accept ms", "other ms", "C(w) ms", "drafter ms"],

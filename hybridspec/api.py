@@ -25,6 +25,7 @@ from hybridspec.generation.options import BATCH_POLICIES, POLICIES, HybridSpecOp
 from hybridspec.inputs import check_attention_mask, check_input_ids
 from hybridspec.parallel import generator_digests, model_group
 from hybridspec.patches import family_of
+from hybridspec.patches.fusion import unfuse_model
 from hybridspec.patches.tp import check_sharding
 from hybridspec.policy import FixedPolicy, default_policy, from_calibration
 from hybridspec.runner.decode import release_runner
@@ -71,12 +72,16 @@ def enable(model):
 
 
 def disable(model):
-    """Undo `enable` and free the cached runner (its CUDA graphs, KV and state buffers); a model
-    that was never enabled is returned as it is."""
+    """Undo `enable`: free the cached runner (its CUDA graphs, KV and state buffers) and give each
+    fused projection its weight back (`hybridspec.fused`); a model that was never enabled is
+    returned as it is."""
     original = model.__dict__.pop(_ORIGINAL, None)
     if original is not None:
         model.__dict__.pop("generate", None)
     release_runner(model)
+    if original is not None:
+        # each projection its own weight again, as before the first hybridspec call
+        unfuse_model(family_of(model), model)
     return model
 
 

@@ -6,23 +6,34 @@ collective); unsharded ones are called as they are."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
+from hybridspec.fused import project
 from hybridspec.ops import decode_attention, gdn_verify
 from hybridspec.state import GDNSlot
 
 
 def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
-    """Causal depthwise conv of the round's pre-conv inputs `[B, C, w]` after the layer's window,
-    as transformers' single-step update does it; the inputs are kept for the commit."""
+    """Causal depthwise conv of the round's pre-conv inputs `[B, C, w]` after the layer's window
+    `[B, C, K]` (K the kernel size), then the activation, as transformers' single-step update
+    computes them; the inputs are kept for the commit."""
     w = mixed.shape[-1]
     slot.inputs[:, :, :w] = mixed
-    full = torch.cat([slot.window, mixed], dim=-1).to(mod.conv1d.weight.dtype)
-    out = F.conv1d(full, mod.conv1d.weight, mod.conv1d.bias, padding=0, groups=full.shape[1])[..., -w:]
-    return ACT2FN[mod.activation](out).to(mixed.dtype)
+    weight = mod.conv1d.weight[:, 0].float()  # [C, K]
+    K = weight.shape[-1]
+    full = torch.cat([slot.window, mixed], dim=-1).float()  # [B, C, K + w]
+    # output t reads full[t + 1 .. t + K]: the conv as K shifted products summed in fp32 and rounded
+    # once to the weight's dtype, as a 16-bit conv1d rounds its fp32 accumulator. Elementwise work
+    # that inductor fuses with the activation and the split after it, where F.conv1d (and its
+    # im2col on some backends) is a launch of its own.
+    out = full[..., 1 : 1 + w] * weight[:, 0, None]
+    for j in range(1, K):
+        out = out + full[..., 1 + j : 1 + j + w] * weight[:, j, None]
+    if mod.conv1d.bias is not None:
+        out = out + mod.conv1d.bias.float()[:, None]
+    return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
 def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
@@ -43,10 +54,13 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     are this rank's; o_proj sums the ranks' partial products."""
     B, w, _ = x.shape
     hidden_shape = (B, w, -1, mod.head_dim)
-    q, gate = torch.chunk(parallel.column(mod.q_proj, x, gather=False).view(B, w, -1, mod.head_dim * 2), 2, dim=-1)
+    linears = (mod.q_proj, mod.k_proj, mod.v_proj)
+    # one GEMM over the fused weight (hybridspec.fused); sharded, each rank's heads
+    qg, k, v = project(mod, "qkv", linears, x) or [parallel.column(lin, x, gather=False) for lin in linears]
+    q, gate = torch.chunk(qg.reshape(B, w, -1, mod.head_dim * 2), 2, dim=-1)
     q = mod.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
-    k = mod.k_norm(parallel.column(mod.k_proj, x, gather=False).view(hidden_shape)).transpose(1, 2)
-    v = parallel.column(mod.v_proj, x, gather=False).view(hidden_shape).transpose(1, 2)
+    k = mod.k_norm(k.reshape(hidden_shape)).transpose(1, 2)
+    v = v.reshape(hidden_shape).transpose(1, 2)
     q, k = apply_rope(q, k, *cos_sin)
     # positions live on the device, so write by index; rows past the round's w are computed and
     # never used (row i of batch row b only sees cache indices pad_b .. start_b + i)
@@ -90,6 +104,12 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         num_tokens = None
     routed = hybridspec_experts_forward(mlp.experts, flat, ids.reshape(B * w, -1), weights.reshape(B * w, -1),
                                         num_tokens=num_tokens)
+    shared = mlp.shared_expert
+    fused = project(mlp, "shared", shared_linears(mlp), flat)
+    if fused is not None:
+        # the shared expert's gate and up projections and its sigmoid gate in one GEMM
+        g, u, gate = fused
+        return (routed + torch.sigmoid(gate) * shared.down_proj(shared.act_fn(g) * u)).reshape(B, w, H)
     gate = torch.sigmoid(mlp.shared_expert_gate(flat))
     down = mlp.experts.down_proj
     if not parallel.is_sharded(down):
@@ -102,6 +122,11 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     # plan reduces each on its own)
     shared = gate * parallel.row_partial(mlp.shared_expert.down_proj, _swiglu_local(mlp.shared_expert, flat))
     return parallel.all_reduce(routed + shared, group).reshape(B, w, H)
+
+
+def shared_linears(mlp) -> tuple:
+    """The sparse MoE block's linears that read its input besides the router, in fusion order."""
+    return (mlp.shared_expert.gate_proj, mlp.shared_expert.up_proj, mlp.shared_expert_gate)
 
 
 def _swiglu_local(mlp, x: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,13 @@ import torch.nn.functional as F
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
 
 from hybridspec import parallel
+from hybridspec.fused import project
 from hybridspec.patches.common import conv_verify, gdn_core
 from hybridspec.state import GDNSlot
 
 MODEL_TYPES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+# the GDN mixer's input projections, in the order `gdn_verify_layer` splits their fused output
+GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 apply_rope = modeling.apply_rotary_pos_emb
 
 
@@ -32,9 +35,10 @@ def rope(model, hidden: torch.Tensor, positions: torch.Tensor):
 def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
     """`Qwen3_5MoeGatedDeltaNet.forward` for a verified block, with our ops in place of the cache."""
     B, w, _ = x.shape
-    # transformers' plan gathers the projections' outputs (one all-gather for the four here), so
-    # every rank runs the whole GDN core
-    qkv, z, b, a = parallel.columns_gathered((mod.in_proj_qkv, mod.in_proj_z, mod.in_proj_b, mod.in_proj_a), x)
+    linears = tuple(getattr(mod, name) for name in GDN_PROJECTIONS)
+    # one GEMM over the fused weight (hybridspec.fused); sharded, transformers' plan gathers the
+    # projections' outputs (one all-gather for the four here), so every rank runs the whole GDN core
+    qkv, z, b, a = project(mod, "in", linears, x) or parallel.columns_gathered(linears, x)
     # [B, w, C], contiguous in C for the ops
     mixed = conv_verify(mod, qkv.transpose(1, 2), slot).transpose(1, 2).contiguous()
     q, k, v = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)

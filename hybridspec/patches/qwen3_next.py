@@ -7,10 +7,13 @@ import torch.nn.functional as F
 from transformers.models.qwen3_next import modeling_qwen3_next as modeling
 
 from hybridspec import parallel
+from hybridspec.fused import project
 from hybridspec.patches.common import conv_verify, gdn_core
 from hybridspec.state import GDNSlot
 
 MODEL_TYPES = ("Qwen3NextForCausalLM",)
+# the GDN mixer's input projections, in the order `gdn_verify_layer` splits their fused output
+GDN_PROJECTIONS = ("in_proj_qkvz", "in_proj_ba")
 apply_rope = modeling.apply_rotary_pos_emb
 
 
@@ -30,7 +33,8 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     """`Qwen3NextGatedDeltaNet.forward` for a verified block, with our ops in place of the cache."""
     B, w, _ = x.shape
     # gathered projections (transformers' plan): every rank runs the whole GDN core
-    qkvz, ba = parallel.columns_gathered((mod.in_proj_qkvz, mod.in_proj_ba), x)
+    linears = tuple(getattr(mod, name) for name in GDN_PROJECTIONS)
+    qkvz, ba = project(mod, "in", linears, x) or parallel.columns_gathered(linears, x)
     q, k, v, z, b, a = mod.fix_query_key_value_ordering(qkvz, ba)
     mixed = torch.cat([t.reshape(B, w, -1) for t in (q, k, v)], dim=-1).transpose(1, 2)
     # [B, w, C], contiguous in C for the ops

@@ -143,6 +143,10 @@ class Runner:
         P = input_ids.shape[1]
         if P >= self.capacity:
             raise ValueError(f"a prompt of {P} tokens does not fit a runner of capacity {self.capacity}")
+        if self.target.refuse():
+            # a fused projection weight moved (the model's weights were replaced by tensors of
+            # another dtype, device or shape since the capture): capture again
+            self.step = CapturedStep(self._step_fn, self.device, self._enforce_eager)
         if self.drafter is not None:
             self.drafter.reset(B, self.rows)
             if self._drafter_pointers() != self._drafter_buffers:

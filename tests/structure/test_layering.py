@@ -14,7 +14,7 @@ ROOT = Path(hybridspec.__file__).parent
 RANK = {
     "cache": 0, "_hints": 0, "inputs": 0, "parallel": 0,
     "ops": 1,
-    "state": 2, "experts": 2,
+    "state": 2, "experts": 2, "fused": 2,
     "patches": 3, "drafter": 3,
     "policy": 4, "fingerprint": 4,
     "round": 5,

@@ -1,0 +1,137 @@
+"""Linears that read one input, run as one GEMM: the model's weights stored once, fused.
+
+A decode step multiplies one or a few rows by every projection of a layer. Each projection is a
+launch that reads its weight and waits on the last one, so a GDN mixer's four input projections
+(qkv, z, b, a: two of them 32 rows wide) cost four launches for one read of the input; a fused
+weight, their rows stacked, costs one. The verification forward fuses:
+
+- GDN: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (Qwen3.5/3.6) or `in_proj_qkvz`,
+  `in_proj_ba` (Qwen3-Next);
+- attention: `q_proj`, `k_proj`, `v_proj`;
+- sparse MoE: the shared expert's `gate_proj` and `up_proj` and the block's `shared_expert_gate`.
+
+Stored once: `fuse` stacks the weights into one tensor, a non-persistent buffer of the parent
+module (it moves with `model.to` and stays out of `state_dict`), and makes each linear's `weight`
+a view of its rows, so the model's memory does not grow. The rule for changing weights after
+hybridspec has run (docs/design.md, "Fused projections"): in-place changes (`load_state_dict`,
+`param.copy_`, an optimizer step) reach the fused weight through the views; a parameter replaced
+by another tensor (`module.weight = nn.Parameter(...)`, `model.to(dtype)`) is not a view any more,
+and `refresh`, which every `generate(..., hybridspec=True)` call runs, copies it back into the fused
+weight. `unfuse` (run by `hybridspec.disable`) gives every linear a weight of its own again.
+
+Left as separate GEMMs: linears with a bias, of different dtypes or devices, not plain
+`nn.Linear`, or sharded by tensor parallelism (`hybridspec.parallel` multiplies each shard).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridspec import parallel
+
+PREFIX = "_hybridspec_fused_"
+
+
+def _fusable(linears: Sequence[nn.Module]) -> bool:
+    first = linears[0].weight
+    return all(
+        type(lin) is nn.Linear and lin.bias is None and not parallel.is_sharded(lin.weight)
+        and isinstance(lin.weight, nn.Parameter) and not isinstance(lin.weight, parallel.DTensor)
+        and lin.weight.dtype == first.dtype and lin.weight.device == first.device
+        and lin.weight.shape[1] == first.shape[1] and lin.weight.device.type != "meta"
+        for lin in linears
+    )
+
+
+def fuse(parent: nn.Module, name: str, linears: Sequence[nn.Module]) -> bool:
+    """Stack `linears`' weights into the buffer `parent.<PREFIX><name>` and make each weight a view
+    of its rows; idempotent (an existing fusion is refreshed). False where they cannot be fused."""
+    buffer = PREFIX + name
+    if buffer in parent._buffers:
+        refresh(parent, name, linears)
+        return True
+    if not _fusable(linears):
+        return False
+    with torch.no_grad():
+        stacked = torch.cat([lin.weight.detach() for lin in linears])
+    parent.register_buffer(buffer, stacked, persistent=False)
+    _link(stacked, linears)
+    return True
+
+
+def _link(stacked: torch.Tensor, linears: Sequence[nn.Module]) -> None:
+    offset = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(stacked[offset : offset + rows], requires_grad=lin.weight.requires_grad)
+        offset += rows
+
+
+def _linked(stacked: torch.Tensor, linears: Sequence[nn.Module]) -> bool:
+    offset, row_bytes = 0, stacked.stride(0) * stacked.element_size()
+    for lin in linears:
+        w = lin.weight
+        if (w.dtype != stacked.dtype or w.device != stacked.device or w.shape[1] != stacked.shape[1]
+                or w.data_ptr() != stacked.data_ptr() + offset * row_bytes or not w.is_contiguous()):
+            return False
+        offset += w.shape[0]
+    return offset == stacked.shape[0]
+
+
+def refresh(parent: nn.Module, name: str, linears: Sequence[nn.Module]) -> None:
+    """Re-establish the views after a weight was replaced: copy the linears' weights into the fused
+    buffer in place (its address stays, as captured graphs need) where its shape, dtype and device
+    still fit, else stack them into a new buffer."""
+    buffer = PREFIX + name
+    stacked = parent._buffers[buffer]
+    if _linked(stacked, linears):
+        return
+    with torch.no_grad():
+        rows = sum(lin.weight.shape[0] for lin in linears)
+        fits = all(lin.weight.dtype == stacked.dtype and lin.weight.device == stacked.device
+                   and lin.weight.shape[1] == stacked.shape[1] for lin in linears) and rows == stacked.shape[0]
+        if not _fusable(linears):
+            # a weight became sharded, biased or of another kind: stop fusing this group
+            unfuse_group(parent, name, linears)
+            return
+        if fits:
+            offset = 0
+            for lin in linears:
+                n = lin.weight.shape[0]
+                stacked[offset : offset + n].copy_(lin.weight.detach())
+                offset += n
+        else:
+            stacked = torch.cat([lin.weight.detach() for lin in linears])
+            parent._buffers[buffer] = stacked
+    _link(stacked, linears)
+
+
+def unfuse_group(parent: nn.Module, name: str, linears: Sequence[nn.Module]) -> None:
+    """Give each linear its own weight again and drop the fused buffer."""
+    stacked = parent._buffers.pop(PREFIX + name, None)
+    if stacked is None:
+        return
+    linked = _linked(stacked, linears)
+    for lin in linears:
+        if linked:
+            with torch.no_grad():
+                lin.weight = nn.Parameter(lin.weight.detach().clone(), requires_grad=lin.weight.requires_grad)
+
+
+def fused_weight(parent: nn.Module, name: str) -> torch.Tensor | None:
+    """The fused weight of `parent`'s group `name`, or None where it is not fused."""
+    # attribute access (module buffers are attributes) is what dynamo traces as a graph input
+    return getattr(parent, PREFIX + name, None)
+
+
+def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor) -> list[torch.Tensor] | None:
+    """Every linear of the group on `x` as one GEMM over the fused weight, split per linear; None
+    where the group is not fused (the caller runs its linears as they are)."""
+    stacked = fused_weight(parent, name)
+    if stacked is None:
+        return None
+    return list(F.linear(x, stacked).split([lin.weight.shape[0] for lin in linears], dim=-1))
