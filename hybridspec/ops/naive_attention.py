@@ -55,4 +55,6 @@ False: every new row sees all W new rows. Returns
     out = out.permute(0, 3, 1, 2, 4).reshape(B, W, Hq, D)
     if gate is not None:
         out = out * torch.sigmoid(gate.float())
-    return out.to(q.dtype)
+    # the permuted product is a strided view: the op promises (and its fake declares) a contiguous
+    # output, which a compiled graph asserts
+    return out.to(q.dtype).contiguous()

@@ -183,6 +183,8 @@ def test_naive_matches_the_masked_sdpa_it_replaced(W, L, causal):
     # SDPA reads every position: give it finite stale rows where the inputs hold NaN
     keys, values = (torch.nan_to_num(t, nan=0.25) for t in (keys, values))
     ours = naive_attention.decode_attention(q, keys, values, lengths, 0.3, None, causal=causal)
+    # the op's body on CPU: contiguous, as the fake kernel declares
+    assert ours.is_contiguous()
     assert_rel(ours, _masked_sdpa(q, keys, values, lengths, 0.3, causal), 1e-6, "naive vs masked SDPA")
 
 
