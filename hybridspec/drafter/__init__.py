@@ -2,6 +2,6 @@
 
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.drafter.dflash import DFlashDrafter
-from hybridspec.drafter.protocol import DraftBlock, Drafter
+from hybridspec.drafter.protocol import CompilableDrafter, DraftBlock, Drafter
 
-__all__ = ["DFlashConfig", "DFlashDrafter", "DraftBlock", "Drafter"]
+__all__ = ["CompilableDrafter", "DFlashConfig", "DFlashDrafter", "DraftBlock", "Drafter"]

@@ -14,8 +14,12 @@ argmax, its probability and the entropy, so `propose` takes them from `hybridspe
 
 For drafting, each layer's context keys/values live in a `ContextCache` indexed by target
 position: `observe` writes rows at each batch row's length and advances it ("write w, advance m"),
-`propose` writes the block's keys/values just past it and attends over the whole cache under a
-validity mask, so no shape depends on a length and nothing reads one on the host.
+`propose` writes the block's keys/values just past it (rows L..L+W-1) and attends over the cache:
+a layer without a sliding window through `hybridspec.ops.decode_attention` (rows start..L+W-1
+only, lengths read on the device), a sliding-window layer through SDPA over every row under a
+validity mask. No shape depends on a length and nothing reads one on the host. `compile_layers`
+switches `propose` to layer functions compiled once per layer kind (`LayerBlocks`); the runner
+turns it on where it compiles the target's layers.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEm
 from hybridspec import parallel
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.drafter.context import MIN_ROWS, ContextCache
-from hybridspec.drafter.layers import DFlashDecoderLayer, visibility
+from hybridspec.drafter.layers import EAGER, CacheBlock, DFlashDecoderLayer, LayerBlocks, visibility
 from hybridspec.drafter.protocol import DraftBlock
 from hybridspec.ops import lm_head_top1
 
@@ -45,7 +49,7 @@ SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")
 
 class DFlashDrafter(nn.Module):
     """A DFlash drafter (`hybridspec.drafter.protocol.DeviceDrafter`: fixed shapes and device-resident
-    lengths, so the runner captures it in its graph). Weights as in z-lab checkpoints:
+    lengths, so the runner captures it in its graph; and `CompilableDrafter`). Weights as in z-lab checkpoints:
     `layers.*`, `fc`, `hidden_norm`, `norm`; the embedding and LM head are the target's (`bind`).
 
     Load one with `DFlashDrafter.from_pretrained(DIR, dtype=..., device=...)` and pass it to a target
@@ -74,6 +78,8 @@ class DFlashDrafter(nn.Module):
         # (embedding, lm_head) of the bound target, in a tuple so they are not submodules
         self._target: tuple[nn.Module, nn.Module] | None = None
         self.context: ContextCache | None = None
+        # eager unless the runner compiles (`compile_layers`): CPU and the reference loop run eagerly
+        self._blocks = EAGER
 
     @property
     def block_size(self) -> int:
@@ -202,6 +208,11 @@ class DFlashDrafter(nn.Module):
             )
         self.context.clear(max_length, pad)
 
+    def compile_layers(self, enabled: bool) -> None:
+        """`propose` runs its layers compiled with `torch.compile`, once per layer kind, or eagerly
+        (the default). The drafts are the same; the compiled form fuses each layer's elementwise work."""
+        self._blocks = LayerBlocks.compiled() if enabled else EAGER
+
     def static_buffers(self) -> list[torch.Tensor]:
         """The device buffers a captured round reads and writes (the runner recaptures if they move)."""
         cache = self._context()
@@ -238,16 +249,22 @@ class DFlashDrafter(nn.Module):
         cache.reserve(W)
         masked = anchor.new_full((B, W - 1), self.mask_token_id)
         noise = self.embed(torch.cat([anchor[:, None], masked], dim=1))  # [B, W, H]
-        pos, index = cache.positions(W)
+        pos, _ = cache.positions(W)
         cos, sin = self.rotary_emb(noise, cache.rope_positions(pos))
-        keys = torch.arange(cache.rows, device=pos.device)[None]
+        block = CacheBlock(torch.arange(B, device=pos.device)[:, None], pos, cache.length, cache.start)
+        # masks only for the sliding-window layers (the others' decode_attention reads the lengths):
         # the block's own keys are written at rows L..L+W-1, so every row below L + W is live; rows
         # before `start` hold a left-padded row's padding
-        masks = self._masks(pos, keys, cache.length + W, cache.start)
-        h = noise
+        keys = torch.arange(cache.rows, device=pos.device)[None]
+        masks = self._masks(pos, keys, cache.length + W, cache.start, sliding_only=True)
+        h, blocks = noise, self._blocks
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = layer(h, cos, sin, masks[attn.is_causal, attn.sliding_window], (cache.k[i], cache.v[i]), index)
+            if attn.sliding_window is None:
+                h = blocks.full(layer, h, cos, sin, cache.k[i], cache.v[i], block)
+            else:
+                mask = masks[attn.is_causal, attn.sliding_window]
+                h = blocks.sliding(layer, h, cos, sin, mask, cache.k[i], cache.v[i], block)
         return self.top1(self.norm(h)[:, 1:])
 
     def top1(self, hidden: torch.Tensor) -> DraftBlock:
@@ -270,9 +287,10 @@ class DFlashDrafter(nn.Module):
         confidence = probs.gather(-1, tokens[..., None])[..., 0]
         return DraftBlock(tokens, confidence, torch.special.entr(probs).sum(-1))
 
-    def _masks(self, q_pos, k_pos, limit=None, first=None):
+    def _masks(self, q_pos, k_pos, limit=None, first=None, sliding_only=False):
         kinds = {(layer.self_attn.is_causal, layer.self_attn.sliding_window) for layer in self.layers}
-        return {kind: visibility(q_pos, k_pos, *kind, limit, first) for kind in kinds}
+        return {kind: visibility(q_pos, k_pos, *kind, limit, first) for kind in kinds
+                if not sliding_only or kind[1] is not None}
 
     def _bound(self) -> tuple[nn.Module, nn.Module]:
         if self._target is None:

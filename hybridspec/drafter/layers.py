@@ -4,16 +4,38 @@ an attention whose keys/values are the context features followed by the block.
 Context features are the target's taps after the drafter's `fc` and `hidden_norm`; they enter each
 layer's keys/values through that layer's `k_proj`/`v_proj`/`k_norm` only (no layer norm), and the
 block, after the layer's input norm, supplies the queries and the remaining keys/values.
+
+Drafting (`DFlashDrafter.propose`) writes the block's keys/values into the context cache at rows
+`L .. L + W - 1` (`CacheBlock`); a layer without a sliding window then attends with
+`hybridspec.ops.decode_attention`, which reads rows `start .. L + W - 1` only and needs no mask, and
+a sliding-window layer with SDPA over the whole cache under a `visibility` mask. `LayerBlocks` holds
+the per-layer-kind functions `propose` calls: eager, or compiled once per kind (regional
+compilation, as the target's `hybridspec.patches.forward.Blocks`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, apply_rotary_pos_emb, rotate_half
 
+from hybridspec.cache import BoundedCache
 from hybridspec.drafter.config import DFlashConfig
+from hybridspec.ops import decode_attention
+
+
+class CacheBlock(NamedTuple):
+    """Where a drafted block sits in the context cache. `batch` `[B, 1]`: 0..B-1; `rows` `[B, W]`:
+    the cache rows `L .. L + W - 1` of each batch row; `length` `[B]`: L; `start` `[B]`: each row's
+    first valid cache row (its left padding)."""
+
+    batch: torch.Tensor
+    rows: torch.Tensor
+    length: torch.Tensor
+    start: torch.Tensor
 
 
 def visibility(q_pos, k_pos, causal, window, limit=None, first=None):
@@ -62,21 +84,32 @@ class DFlashAttention(nn.Module):
         v = self._heads(ctx, self.v_proj, self.num_kv_heads).transpose(1, 2)
         return k * cos[:, None] + rotate_half(k) * sin[:, None], v
 
-    def forward(self, x, cos, sin, mask, past, write_index=None):
-        """`x` `[B, T, H]` (block, after the input norm). `past`: context keys/values. Without
-        `write_index` the block's keys/values are appended to them; with it (`[B, KVH, T, d]`, rows
-        of the cache) they are written into the cache, and the query attends over the whole cache."""
+    def forward(self, x, cos, sin, mask, past, block: CacheBlock | None = None):
+        """`x` `[B, T, H]` (block, after the input norm). `past`: context keys/values `[B, KVH, C, d]`.
+        Without `block` the block's keys/values are appended to them and SDPA runs under `mask` (the
+        stateless and training forwards). With `block`, `past` is the context cache: the block's
+        keys/values are written at its rows `block.rows`, and the queries attend over the cache,
+        through `decode_attention` (`mask` unused, None) or, for a sliding-window layer, SDPA under
+        `mask`."""
         B, T = x.shape[:2]
         q = self.q_norm(self._heads(x, self.q_proj, self.num_heads)).transpose(1, 2)
         k = self.k_norm(self._heads(x, self.k_proj, self.num_kv_heads)).transpose(1, 2)
         v = self._heads(x, self.v_proj, self.num_kv_heads).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         past_k, past_v = past
-        if write_index is None:
+        if block is None:
             k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         else:
-            past_k.scatter_(2, write_index, k)
-            past_v.scatter_(2, write_index, v)
+            # an index_put, not a scatter: inductor writes it into the cache in place, where a
+            # compiled scatter copied the whole cache layer out and back
+            past_k[block.batch, :, block.rows] = k.transpose(1, 2)  # [B, T, KVH, d]
+            past_v[block.batch, :, block.rows] = v.transpose(1, 2)
+            if self.sliding_window is None:
+                # the cache is decode_attention's `[B, Hkv, S, d]` layout with the block at L..L+W-1:
+                # it reads rows start..L+W-1 only, where SDPA read every row of the cache under a mask
+                out = decode_attention(q.transpose(1, 2), past_k, past_v, block.length, scale=self.scaling,
+                                       starts=block.start, causal=self.is_causal)  # [B, T, Hq, d]
+                return self.o_proj(out.reshape(B, T, -1))
             k, v = past_k, past_v
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
@@ -91,6 +124,37 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(text.hidden_size, eps=text.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(text.hidden_size, eps=text.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, past, write_index=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, past, write_index)
+    def forward(self, x, cos, sin, mask, past, block: CacheBlock | None = None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, past, block)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def full_block(layer: DFlashDecoderLayer, h, cos, sin, keys, values, block: CacheBlock) -> torch.Tensor:
+    """One drafter layer without a sliding window on a drafted block: `decode_attention` over the
+    layer's context cache `keys`/`values` `[B, KVH, rows, d]`, no mask."""
+    return layer(h, cos, sin, None, (keys, values), block)
+
+
+def sliding_block(layer: DFlashDecoderLayer, h, cos, sin, mask, keys, values, block: CacheBlock) -> torch.Tensor:
+    """One sliding-window drafter layer on a drafted block: SDPA over the cache under `mask`."""
+    return layer(h, cos, sin, mask, (keys, values), block)
+
+
+class LayerBlocks(NamedTuple):
+    """The per-layer functions `DFlashDrafter.propose` calls: eager, or compiled once per layer
+    kind. They take the layer module and tensors only, so every layer of a kind shares one compiled
+    graph (its parameters are graph inputs)."""
+
+    full: object = full_block
+    sliding: object = sliding_block
+
+    @classmethod
+    def compiled(cls) -> LayerBlocks:
+        """The compiled blocks, built once per process (compiled on first call per shape)."""
+        return _COMPILED.get(
+            "blocks", lambda: cls(torch.compile(full_block, dynamic=False), torch.compile(sliding_block, dynamic=False)))
+
+
+EAGER = LayerBlocks()
+# one entry: every drafter shares the compiled blocks, so dynamo compiles each layer kind once
+_COMPILED = BoundedCache(1)

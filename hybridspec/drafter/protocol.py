@@ -21,6 +21,8 @@ A `DeviceDrafter` also drafts with fixed shapes and device-resident lengths, so 
 runner can capture it inside its round: `reset(B, max_length)` sizes its context once (the prompt
 then arrives through `observe(features, P)`), `propose` takes the `[B, 1]` anchors, and
 `static_buffers()` lists the buffers a captured round reads (the runner recaptures if they move).
+A `CompilableDrafter` can run its layers compiled (`compile_layers(True)`); the runner turns that on
+where it compiles the target's layers, and a drafter without it (a replay drafter) runs eagerly.
 
 Features are the target's tap hidden states concatenated on the last dimension in
 `target_layer_ids` order: tap i is the output of target layer i, `hidden_states[i + 1]` of a
@@ -81,4 +83,15 @@ class DeviceDrafter(Drafter, Protocol):
 
     def static_buffers(self) -> list[torch.Tensor]:
         """The device buffers a captured round reads and writes."""
+        ...
+
+
+@runtime_checkable
+class CompilableDrafter(Protocol):
+    """A drafter whose layers `torch.compile` can compile, once per layer kind (regional
+    compilation, as the target's `hybridspec.patches.forward.Blocks`). Off until the runner turns it
+    on; the drafts are the same either way."""
+
+    def compile_layers(self, enabled: bool) -> None:
+        """Run the layers of `propose` compiled (True) or eagerly (False)."""
         ...

@@ -102,9 +102,10 @@ def _decode_attention_op(
     gate: torch.Tensor | None,
     scale: float,
     starts: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> torch.Tensor:
     if not use_triton(q):
-        return naive_attention.decode_attention(q, keys, values, lengths, scale, gate, starts)
+        return naive_attention.decode_attention(q, keys, values, lengths, scale, gate, starts, causal)
     from hybridspec.ops.attention_triton import decode_attention_combine_kernel, decode_attention_split_kernel
 
     B, W, Hq, D = q.shape
@@ -128,6 +129,7 @@ def _decode_attention_op(
         values.stride(0), values.stride(1), values.stride(2),
         s_len, s_start,
         W=W, G=G, HKV=Hkv, D=D, DP=DP, BM=plan["BM"], BN=plan["BN"], SPLITS=splits, HAS_START=starts is not None,
+        CAUSAL=causal,
         PRECISION=_precision(q, interp16),
         UPCAST=interp16, ROUND_BF16=interp16 and q.dtype == torch.bfloat16,
         num_warps=plan["num_warps"], num_stages=plan["num_stages"],
@@ -147,7 +149,7 @@ def _decode_attention_op(
 
 
 @_decode_attention_op.register_fake
-def _(q, keys, values, lengths, gate, scale, starts=None):
+def _(q, keys, values, lengths, gate, scale, starts=None, causal=True):
     return q.new_empty(q.shape)
 
 
@@ -160,9 +162,10 @@ def decode_attention(
     scale: float | None = None,
     gate: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> torch.Tensor:
-    """Causal attention of W new rows against a KV buffer that already holds them, reading only
-    the positions below `L + W`.
+    """Attention of W new rows against a KV buffer that already holds them, causal among the new
+    rows unless `causal=False`, reading only the positions below `L + W`.
 
     `q` `[B, W, Hq, D]` (any strides, last dim contiguous); `keys`, `values` `[B, Hkv, S, D]`
     (the `HybridState` buffers; last dim contiguous), Hq a multiple of Hkv (query head h reads key
@@ -172,7 +175,9 @@ def decode_attention(
     (checking it would read the device). `scale` defaults to `D ** -0.5`. `gate` `[B, W, Hq, D]`
     (last dim contiguous): the output is multiplied by `sigmoid(gate)` (Qwen3.5's gated attention),
     in fp32 before the one rounding. `starts`: integer `[B]` (or `[1]`) on the device, each row's
-    first visible position (its left padding: row i then sees `starts .. L + i`); None: 0. Returns
+    first visible position (its left padding: row i then sees `starts .. L + i`); None: 0.
+    `causal=False`: every new row sees the whole block, positions `starts .. L + W - 1` (the DFlash
+    drafter's non-causal layers). Returns
     `[B, W, Hq, D]` contiguous in the dtype of `q`; softmax and accumulation in fp32.
     """
     check(q.dim() == 4, f"q must be [B, W, Hq, D], got {tuple(q.shape)}")
@@ -200,4 +205,5 @@ def decode_attention(
     for name, t in (("keys", keys), ("values", values), ("gate", gate)):
         if t is not None:
             check(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
-    return _decode_attention_op(q, keys, values, lengths, gate, D**-0.5 if scale is None else float(scale), starts)
+    return _decode_attention_op(q, keys, values, lengths, gate, D**-0.5 if scale is None else float(scale), starts,
+                                bool(causal))

@@ -2,8 +2,9 @@
 
 The W rows of a batch row b sit at positions `L .. L + W - 1` (L = `lengths[b]`, on the device);
 the buffer already holds their keys and values, and row i sees positions `S .. L + i` (S =
-`starts[b]`, the row's left padding, 0 without it). Only positions below `L + W` are read; no mask
-over the buffer is built.
+`starts[b]`, the row's left padding, 0 without it), or `S .. L + W - 1` without CAUSAL (the whole
+block, as DFlash's draft block sees itself). Only positions below `L + W` are read, in both modes;
+no mask over the buffer is built.
 
 Query rows are packed per key head (grouped-query attention): packed row `r = i * G + g` is query
 row i of query head `h * G + g`, so each key/value tile is read once for the G heads that share it
@@ -52,7 +53,7 @@ def decode_attention_split_kernel(
     s_vb, s_vh, s_vn,
     s_len, s_start,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr, HAS_START: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr, HAS_START: tl.constexpr, CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     i_s = tl.program_id(0)
@@ -72,8 +73,13 @@ def decode_attention_split_kernel(
                     + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BM, DP]
         if UPCAST:
             q = q.to(tl.float32)
-        # row i sees positions below L + i + 1 (padding rows: every position of the range)
-        limit = total - W + qi + 1  # [BM]
+        # row i sees positions below L + i + 1 (padding rows: every position of the range); not
+        # causal, every row sees the whole block, positions below L + W: the split ranges already
+        # end there, so they cover both modes
+        if CAUSAL:
+            limit = total - W + qi + 1  # [BM]
+        else:
+            limit = tl.full([BM], 0, dtype=tl.int32) + total
         # left padding: positions before the row's start are masked and not loaded (the split
         # ranges stay length-only: padding is at most the spread of a batch's prompt lengths)
         first = tl.load(start_ptr + b * s_start).to(tl.int32) if HAS_START else 0
@@ -146,7 +152,7 @@ def decode_attention_combine_kernel(
         lse = tl.load(lse_ptr + part, mask=ok, other=float("-inf"))
         m_new = tl.maximum(m, tl.max(lse, axis=0))
         # a split with nothing visible (left padding) has lse = -inf: m_safe keeps it at weight 0;
-        # position L + i is always visible, so some split is finite and `total` > 0
+        # position L + i is always visible (in both modes), so some split is finite and `total` > 0
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)
         f = tl.exp2(lse - m_safe)  # [CS]

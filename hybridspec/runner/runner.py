@@ -19,7 +19,7 @@ from collections import deque
 
 import torch
 
-from hybridspec.drafter.protocol import DeviceDrafter
+from hybridspec.drafter.protocol import CompilableDrafter, DeviceDrafter
 from hybridspec.parallel import model_group
 from hybridspec.patches.forward import EAGER, Blocks, empty_state
 from hybridspec.round.accept import process_positions
@@ -46,8 +46,8 @@ class Runner:
     autoregressive decoding. `policy`: a `hybridspec.policy.Policy` (ignored without a drafter).
     `capacity`: the longest sequence (prompt + output) a request may reach.
     `enforce_eager`: run the step without CUDA graphs (always so on the CPU). `compile`: compile
-    each decoder-layer kind once with `torch.compile` (fusing its elementwise work) before capture;
-    default on when graphs are captured.
+    each decoder-layer kind once with `torch.compile` (fusing its elementwise work) before capture,
+    the drafter's layers too where it is a `CompilableDrafter`; default on when graphs are captured.
 
     `dispatch="cond"` (needs a drafter) verifies each round's w rows in per-length `torch.cond`
     branches (`hybridspec/round/cond.py`) instead of the default fixed 16-row graph. Such a step
@@ -91,6 +91,7 @@ class Runner:
         self.state = empty_state(self.target.family, model, B, rows, self.device)
         if drafter is not None:
             drafter.reset(B, rows)
+        self._compile_drafter()
         self.io = RoundIO.allocate(self.width, self.device, B)
         self.round = None
         if drafter is not None:
@@ -119,6 +120,11 @@ class Runner:
         tokens, accepted, empty = ar_step(self.target, self.state, io.anchor, self.sampler)
         one = accepted + 1
         io.finish(tokens, accepted, one, one, empty, torch.full_like(one, -1))
+
+    def _compile_drafter(self) -> None:
+        # set again per request: a drafter shared with another runner may have been switched
+        if isinstance(self.drafter, CompilableDrafter):
+            self.drafter.compile_layers(self.compiled)
 
     def _drafter_pointers(self) -> list[int]:
         return [t.data_ptr() for t in self.drafter.static_buffers()] if self.drafter is not None else []
@@ -149,6 +155,7 @@ class Runner:
             self.step = CapturedStep(self._step_fn, self.device, self._enforce_eager)
         if self.drafter is not None:
             self.drafter.reset(B, self.rows)
+            self._compile_drafter()
             if self._drafter_pointers() != self._drafter_buffers:
                 # the drafter reallocated buffers the graph captured (it served another call in
                 # between): capture again; `start` below clears what the warm-up left

@@ -8,7 +8,7 @@ import torch
 from transformers import Qwen3Config
 
 from hybridspec import DFlashDrafter
-from hybridspec.drafter import DFlashConfig, Drafter
+from hybridspec.drafter import CompilableDrafter, DFlashConfig, Drafter, dflash, layers
 from tests.helpers import assert_rel
 from tests.models import BASE, TEXT, TAPS, VOCAB, config, qwen35_causal_lm, random_drafter
 
@@ -92,7 +92,9 @@ def test_first_round_drafts_match_reference(tmp_path):
     assert_rel(block.entropy[0], -(probs * probs.log()).sum(-1), TOL, "entropy")
 
 
-@pytest.mark.parametrize("variant", ["default", "sliding"])
+# default: non-causal full layers (decode_attention, causal=False); causal: decode_attention,
+# causal=True; sliding: a full layer and a causal sliding-window layer (SDPA under a mask)
+@pytest.mark.parametrize("variant", ["default", "causal", "sliding"])
 @pytest.mark.parametrize("preallocate", [False, True])
 def test_drafting_equals_stateless_forward(variant, preallocate):
     """Rounds of "write w, advance m" (m per row, stale rows left behind, the cache growing) draft
@@ -135,6 +137,62 @@ def test_drafting_equals_stateless_forward(variant, preallocate):
         assert drafter.context.k.data_ptr() == storage, "a preallocated cache must not move"
     else:
         assert drafter.context.rows > P + W, "the test should make the cache grow"
+
+
+@pytest.mark.parametrize("variant, full, sliding", [("default", 2, 0), ("causal", 2, 0), ("sliding", 1, 1)])
+def test_full_layers_draft_through_decode_attention_without_a_mask(monkeypatch, variant, full, sliding):
+    """`propose` runs every layer without a sliding window through decode_attention with the cache's
+    lengths and starts and the layer's causality, and builds masks for the sliding-window layers only."""
+    calls, masks = [], []
+
+    def attention(q, keys, values, lengths, **kw):
+        calls.append(kw["causal"])
+        assert lengths is drafter.context.length and kw["starts"] is drafter.context.start
+        return decode_attention(q, keys, values, lengths, **kw)
+
+    def mask(*args):
+        masks.append(args[3])
+        return visibility(*args)
+
+    decode_attention, visibility = layers.decode_attention, dflash.visibility
+    monkeypatch.setattr(layers, "decode_attention", attention)
+    monkeypatch.setattr(dflash, "visibility", mask)
+    drafter = random_drafter(config(**VARIANTS[variant])).bind(qwen35_causal_lm())
+    drafter.reset(2, max_length=40, pad=torch.tensor([0, 2]))
+    drafter.observe(torch.randn(2, 9, len(TAPS) * HIDDEN), 9)
+    drafter.propose(torch.tensor([3, 4]))
+    assert calls == [variant == "causal"] * full
+    assert masks == [SLIDING["sliding_window"]] * sliding
+
+
+def test_compiled_layers_draft_what_the_eager_ones_do():
+    """`compile_layers(True)` (what the runner turns on where it compiles the target): rounds of
+    both layer kinds, left padding and per-row lengths draft the same tokens as eager layers."""
+    drafter = random_drafter(config(**SLIDING)).bind(qwen35_causal_lm())
+    assert isinstance(drafter, CompilableDrafter)
+    B, F = 2, len(TAPS) * HIDDEN
+
+    def rounds(compiled):
+        drafter.compile_layers(compiled)
+        gen = torch.Generator().manual_seed(4)
+        drafter.reset(B, max_length=80, pad=torch.tensor([0, 3]))
+        drafter.observe(torch.randn(B, 20, F, generator=gen), 20)
+        blocks = []
+        for _ in range(3):
+            blocks.append(drafter.propose(torch.randint(0, VOCAB, (B,), generator=gen)))
+            drafter.observe(torch.randn(B, 16, F, generator=gen), torch.randint(1, 17, (B,), generator=gen))
+        return blocks
+
+    eager = rounds(False)
+    try:
+        compiled = rounds(True)
+    finally:
+        drafter.compile_layers(False)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e.tokens, c.tokens)
+        # fusion reorders the fp32 arithmetic
+        assert_rel(c.confidence, e.confidence, TOL, "confidence")
+        assert_rel(c.entropy, e.entropy, TOL, "entropy")
 
 
 def test_drafting_reads_no_length_on_the_host():

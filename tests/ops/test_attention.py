@@ -1,8 +1,10 @@
-"""decode_attention kernels against the naive twin (hybridspec.ops.naive_attention), and the naive
-twin against the path it replaced (SDPA under an explicit mask over the whole buffer)."""
+"""decode_attention kernels against the naive twin (hybridspec.ops.naive_attention), causal and not
+(the DFlash drafter's block), and the naive twin against the path it replaced (SDPA under an
+explicit mask over the whole buffer)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -36,6 +38,8 @@ class AttnCase:
     dtype: torch.dtype
     gate: bool
     seed: int
+    # False: every new row sees the whole block (the DFlash drafter's non-causal layers)
+    causal: bool = True
 
 
 def make_inputs(case: AttnCase, device: str):
@@ -68,12 +72,13 @@ def attn_cases(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16)):
     n = draw(st.sampled_from([1, B]), label="lengths")
     lengths = tuple(draw(st.integers(0, S - W), label=f"L{b}") for b in range(n))
     return AttnCase(B, W, G, Hkv, D, S, lengths, draw(st.sampled_from(dtypes), label="dtype"),
-                    draw(st.booleans(), label="gate"), draw(st.integers(0, 2**16), label="seed"))
+                    draw(st.booleans(), label="gate"), draw(st.integers(0, 2**16), label="seed"),
+                    draw(st.booleans(), label="causal"))
 
 
-def _reference(args):
+def _reference(args, causal=True):
     q, keys, values, lengths, gate = (None if a is None else a.cpu() for a in args)
-    return naive_attention.decode_attention(q, keys, values, lengths, q.shape[-1] ** -0.5, gate)
+    return naive_attention.decode_attention(q, keys, values, lengths, q.shape[-1] ** -0.5, gate, causal=causal)
 
 
 def _run(case: AttnCase, device: str, monkeypatch, cfg: AttentionKernelConfig = SMALL):
@@ -81,7 +86,7 @@ def _run(case: AttnCase, device: str, monkeypatch, cfg: AttentionKernelConfig = 
     args = make_inputs(case, device)
     q, keys, values, lengths, gate = args
     with expect_launch("decode_attention_split"), expect_launch("decode_attention_combine"):
-        out = decode_attention(q, keys, values, lengths, gate=gate)
+        out = decode_attention(q, keys, values, lengths, gate=gate, causal=case.causal)
     assert out.dtype == case.dtype and out.shape == q.shape and out.is_contiguous()
     return out, args
 
@@ -90,19 +95,24 @@ def _run(case: AttnCase, device: str, monkeypatch, cfg: AttentionKernelConfig = 
 @given(case=attn_cases())
 @example(case=AttnCase(B=2, W=16, G=2, Hkv=2, D=32, S=64, lengths=(0, 48), dtype=torch.bfloat16, gate=True, seed=0))
 @example(case=AttnCase(B=1, W=1, G=4, Hkv=1, D=16, S=40, lengths=(39,), dtype=torch.float32, gate=False, seed=1))
+@example(case=AttnCase(B=2, W=16, G=4, Hkv=1, D=32, S=50, lengths=(34, 3), dtype=torch.float32, gate=False, seed=2,
+                       causal=False))
 def test_matches_naive(device, monkeypatch, case):
     out, args = _run(case, device, monkeypatch)
-    assert_rel(out.cpu().float(), _reference(args).float(), TOL[case.dtype], "out vs naive")
+    assert_rel(out.cpu().float(), _reference(args, case.causal).float(), TOL[case.dtype], "out vs naive")
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("splits", [1, 2, 3, 64])
-def test_every_split_count(device, monkeypatch, splits):
+def test_every_split_count(device, monkeypatch, splits, causal):
     """One split (no merge), uneven splits, and more splits than the context has blocks (the empty
-    ones exit; the combine counts only the used ones)."""
-    case = AttnCase(B=1, W=5, G=2, Hkv=2, D=16, S=60, lengths=(37,), dtype=torch.float32, gate=False, seed=splits)
+    ones exit; the combine counts only the used ones). L + W = 48 ends on a block boundary: the
+    non-causal rows' last positions sit in the last split."""
+    case = AttnCase(B=1, W=11, G=2, Hkv=2, D=16, S=60, lengths=(37,), dtype=torch.float32, gate=False, seed=splits,
+                    causal=causal)
     cfg = AttentionKernelConfig(block_n=16, splits=splits)
     out, args = _run(case, device, monkeypatch, cfg)
-    assert_rel(out.cpu(), _reference(args), TOL[torch.float32], f"{splits} splits")
+    assert_rel(out.cpu(), _reference(args, causal), TOL[torch.float32], f"{splits} splits")
 
 
 def test_rows_see_only_their_prefix(device, monkeypatch):
@@ -116,6 +126,20 @@ def test_rows_see_only_their_prefix(device, monkeypatch):
     changed = decode_attention(q, keys, values, lengths)
     assert torch.equal(changed[:, :j], out[:, :j])
     assert not torch.allclose(changed[:, j:], out[:, j:])
+
+
+def test_noncausal_rows_see_the_whole_block(device, monkeypatch):
+    """Not causal: changing the key and value of the block's last position L + W - 1 changes every
+    row, and position L + W (NaN) is still never read."""
+    case = AttnCase(B=1, W=6, G=2, Hkv=1, D=16, S=30, lengths=(9,), dtype=torch.float32, gate=False, seed=3,
+                    causal=False)
+    out, (q, keys, values, lengths, _) = _run(case, device, monkeypatch)
+    keys, values = keys.clone(), values.clone()
+    keys[:, :, 9 + 5] += 5.0
+    values[:, :, 9 + 5] -= 3.0
+    changed = decode_attention(q, keys, values, lengths, causal=False)
+    assert torch.isfinite(changed).all()
+    assert all(not torch.allclose(changed[:, i], out[:, i]) for i in range(6))
 
 
 def test_one_length_for_every_row(device, monkeypatch):
@@ -141,23 +165,27 @@ def test_strided_query_and_gate(device, monkeypatch):
     assert_rel(out.cpu(), ref, TOL[torch.float32], "strided")
 
 
-def _masked_sdpa(q, keys, values, start, scale):
-    """The attention `patches/common.py` ran before: SDPA over the whole buffer under a mask."""
+def _masked_sdpa(q, keys, values, start, scale, causal=True):
+    """The attention `patches/common.py` ran before (and the drafter's layers, `causal=False`): SDPA
+    over the whole buffer under a mask."""
     B, W, Hq, D = q.shape
-    rows = start + torch.arange(W)
+    rows = start + (torch.arange(W) if causal else torch.full((W,), W - 1))
     allowed = torch.arange(keys.shape[2])[None, :] <= rows[:, None]
     return F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=allowed[None, None],
                                           scale=scale, enable_gqa=True).transpose(1, 2)
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("W, L", [(1, 0), (7, 12), (16, 40)])
-def test_naive_matches_the_masked_sdpa_it_replaced(W, L):
+def test_naive_matches_the_masked_sdpa_it_replaced(W, L, causal):
     case = AttnCase(B=1, W=W, G=4, Hkv=2, D=32, S=64, lengths=(L,), dtype=torch.float32, gate=False, seed=W)
     q, keys, values, lengths, _ = make_inputs(case, "cpu")
     # SDPA reads every position: give it finite stale rows where the inputs hold NaN
     keys, values = (torch.nan_to_num(t, nan=0.25) for t in (keys, values))
-    ours = naive_attention.decode_attention(q, keys, values, lengths, 0.3, None)
-    assert_rel(ours, _masked_sdpa(q, keys, values, lengths, 0.3), 1e-6, "naive vs masked SDPA")
+    ours = naive_attention.decode_attention(q, keys, values, lengths, 0.3, None, causal=causal)
+    # the op's body on CPU: contiguous, as the fake kernel declares
+    assert ours.is_contiguous()
+    assert_rel(ours, _masked_sdpa(q, keys, values, lengths, 0.3, causal), 1e-6, "naive vs masked SDPA")
 
 
 def test_launch_plan_spreads_long_contexts():
@@ -185,6 +213,8 @@ def test_opcheck(device, monkeypatch):
     op = torch.ops.hybridspec.decode_attention.default
     torch.library.opcheck(op, (q, keys, values, lengths, gate, 0.25))
     torch.library.opcheck(op, (q, keys, values, lengths, None, 0.25))
+    # the drafter's call: left padding, not causal, no gate
+    torch.library.opcheck(op, (q, keys, values, lengths, None, 0.25, torch.tensor([2], device=q.device), False))
 
 
 def test_fullgraph_compile(device, monkeypatch):
@@ -193,7 +223,8 @@ def test_fullgraph_compile(device, monkeypatch):
     q, keys, values, lengths, gate = make_inputs(case, device)
 
     def layer(q, keys, values, lengths, gate):
-        return decode_attention(q * 2, keys, values, lengths, gate=gate) + 1
+        return decode_attention(q * 2, keys, values, lengths, gate=gate) + decode_attention(q, keys, values, lengths,
+                                                                                            causal=False)
 
     eager = layer(q, keys, values, lengths, gate)
     compiled = torch.compile(layer, fullgraph=True)(q, keys, values, lengths, gate)
@@ -236,11 +267,21 @@ GPU_CASES = [
 ]
 
 
+# the DFlash drafter's layers at the 35B-A3B drafter shape (32 query / 4 key heads, D = 128, no
+# gate; its full-attention layers are the non-causal parameter below)
+GPU_CASES += [
+    AttnCase(B=B, W=16, G=8, Hkv=4, D=128, S=8192 + 16, lengths=lengths, dtype=torch.bfloat16, gate=False, seed=B)
+    for B, lengths in ((1, (0,)), (1, (3000,)), (4, (17, 500, 4096, 8192)))
+]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "block"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"B{c.B}-W{c.W}-G{c.G}-Hkv{c.Hkv}-D{c.D}-L{c.lengths}-{c.dtype}")
-def test_real_shapes(monkeypatch, case):
+def test_real_shapes(monkeypatch, case, causal):
+    case = dataclasses.replace(case, causal=causal)
     out, args = _run(case, "cuda", monkeypatch, AttentionKernelConfig())
-    ref = naive_attention.decode_attention(*args[:4], case.D**-0.5, args[4])
+    ref = naive_attention.decode_attention(*args[:4], case.D**-0.5, args[4], causal=causal)
     assert_rel(out.float(), ref.float(), TOL[case.dtype], "out vs naive")
     # as the verification forward calls it: with each row's left padding (NaN there: never read)
     q, keys, values, lengths, gate = args
@@ -249,8 +290,8 @@ def test_real_shapes(monkeypatch, case):
     for b, first in enumerate(starts.tolist()):
         keys[b, :, :first] = float("nan")
         values[b, :, :first] = float("nan")
-    out = decode_attention(q, keys, values, lengths, gate=gate, starts=starts)
-    ref = naive_attention.decode_attention(q, keys, values, lengths, case.D**-0.5, gate, starts)
+    out = decode_attention(q, keys, values, lengths, gate=gate, starts=starts, causal=causal)
+    ref = naive_attention.decode_attention(q, keys, values, lengths, case.D**-0.5, gate, starts, causal)
     assert_rel(out.float(), ref.float(), TOL[case.dtype], "with starts: out vs naive")
 
 
@@ -282,6 +323,8 @@ def test_cuda_graph_replays_other_lengths():
 @given(case=attn_cases(dtypes=(torch.float32, torch.bfloat16)), data=st.data())
 @example(case=AttnCase(B=2, W=4, G=2, Hkv=1, D=16, S=60, lengths=(20, 40), dtype=torch.float32, gate=True, seed=5),
          data=None)
+@example(case=AttnCase(B=2, W=16, G=2, Hkv=1, D=16, S=60, lengths=(20, 40), dtype=torch.float32, gate=False, seed=6,
+                       causal=False), data=None)
 def test_left_padding_starts(device, monkeypatch, case, data):
     """`starts` (left padding): the kernels match the naive twin, and both equal attention over the
     buffer with the padding cut off. Padded positions hold NaN: a kernel that read one would
@@ -296,12 +339,12 @@ def test_left_padding_starts(device, monkeypatch, case, data):
         keys[b, :, :s] = float("nan")
         values[b, :, :s] = float("nan")
     starts_t = torch.tensor(starts, device=device)
-    out = decode_attention(q, keys, values, lengths, gate=gate, starts=starts_t)
+    out = decode_attention(q, keys, values, lengths, gate=gate, starts=starts_t, causal=case.causal)
     ref = naive_attention.decode_attention(q.cpu(), keys.cpu(), values.cpu(), lengths.cpu(), case.D**-0.5,
-                                           None if gate is None else gate.cpu(), starts_t.cpu())
+                                           None if gate is None else gate.cpu(), starts_t.cpu(), case.causal)
     assert_rel(out.cpu().float(), ref.float(), TOL[case.dtype], "starts: out vs naive")
     for b, s in enumerate(starts):
         cut = naive_attention.decode_attention(
             q[b:b + 1].cpu(), keys[b:b + 1, :, s:].cpu().contiguous(), values[b:b + 1, :, s:].cpu().contiguous(),
-            torch.tensor([Ls[b] - s]), case.D**-0.5, None if gate is None else gate[b:b + 1].cpu())
+            torch.tensor([Ls[b] - s]), case.D**-0.5, None if gate is None else gate[b:b + 1].cpu(), causal=case.causal)
         assert_rel(ref[b:b + 1].float(), cut.float(), TOL[case.dtype], f"row {b}: starts vs the cut buffer")
