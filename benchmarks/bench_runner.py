@@ -187,6 +187,8 @@ def component_split(model, drafter, prompt):
     # the drafter's context holds the prompt; `propose` writes its block past it and advances nothing
     drafter.reset(1, runner.rows)
     drafter.observe(feats, prompt.shape[1])
+    # the drafter's layers as the runner runs them (compiled per layer kind)
+    drafter.compile_layers(COMPILE)
     anchor = prompt[:, -1:].clone()
     text = model.model
     layers = text.layers

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from hybridspec.drafter.protocol import DraftBlock
+from hybridspec.drafter.protocol import CompilableDrafter, DraftBlock
 
 BETA_A, BETA_B = 5, 2
 CONFIDENCE_SHIFT = 1.5
@@ -175,6 +175,12 @@ class DeviceReplayDrafter(_Wrapping):
         # the first emitted token is the anchor of the first round
         self._emitted.fill_(1)
         self._prompt_next = False
+
+    def compile_layers(self, enabled: bool) -> None:
+        """The wrapped drafter's layers compiled or not (a replay round runs it for its cost, which
+        must be the real drafter's)."""
+        if isinstance(self.drafter, CompilableDrafter):
+            self.drafter.compile_layers(enabled)
 
     def static_buffers(self) -> list[torch.Tensor]:
         own = [] if self.acceptance is None else self.acceptance.static_buffers()

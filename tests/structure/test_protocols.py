@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 import hybridspec
-from hybridspec.drafter.protocol import DeviceDrafter, Drafter
+from hybridspec.drafter.protocol import CompilableDrafter, DeviceDrafter, Drafter
 from hybridspec.fingerprint import Fingerprinted
 from hybridspec.policy import AcceptanceModel, AdaptivePolicy, FixedPolicy, LengthPolicy, Policy, RatioPolicy
 from hybridspec.round.accept import greedy_accept, sample_accept
@@ -20,7 +20,7 @@ from hybridspec.sim.scripted import ScriptedReplayDrafter
 from hybridspec.tiny import tiny_drafter
 
 CAPABILITIES = {"device_resident", "static_buffers", "forced", "correction", "acceptance", "two_stage", "reset",
-                "prepare", "observe", "propose", "start", "select"}
+                "prepare", "observe", "propose", "start", "select", "compile_layers"}
 
 
 def test_drafters_satisfy_their_protocols():
@@ -29,6 +29,7 @@ def test_drafters_satisfy_their_protocols():
     host = [ReplayDrafter(real, torch.zeros(3, dtype=torch.long)), ScriptedReplayDrafter(1, torch.zeros(3), [0])]
     for d in (real, device):
         assert isinstance(d, DeviceDrafter), type(d).__name__
+        assert isinstance(d, CompilableDrafter), type(d).__name__
     for d in host:
         assert isinstance(d, Drafter) and not isinstance(d, DeviceDrafter), type(d).__name__
     # calibration artifacts identify a drafter by its fingerprint config; the replay drafters' differ
