@@ -52,6 +52,9 @@ from hybridspec.runner import Runner  # noqa: E402
 from hybridspec.shapes import build_drafter, build_target  # noqa: E402
 
 W = 16
+# what this script's figures rest on (every result says whether its acceptance is simulated or real)
+ACCEPTANCE = ("AR, C(w) and the split: not applicable (no drafts are accepted); spec_host: simulated (replay "
+              "drafter at w = 16 on random weights)")
 SPLIT_AT = (1, 4, 8, 16)
 # torch.compile the decoder layers (the runner's default on CUDA); --no-compile clears it
 COMPILE = True
@@ -312,7 +315,8 @@ def main() -> None:
     print(f"built the models in {time.perf_counter() - t0:.1f} s")
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0)).cuda()
     bandwidth = copy_bandwidth_gbs()
-    result = dict(env=info, prompt=args.prompt, new=args.new, copy_bandwidth_gbs=bandwidth)
+    result = dict(env=info, prompt=args.prompt, new=args.new, copy_bandwidth_gbs=bandwidth, acceptance=ACCEPTANCE)
+    print(f"acceptance: {ACCEPTANCE}")
 
     t0 = time.perf_counter()
     ar_ms, ar_host_us, ar_out, host_parts_us = our_ar(model, prompt, args.new)
