@@ -227,7 +227,7 @@ def component_split(model, drafter, prompt):
 
     def moe():
         for i, layer in enumerate(layers):
-            moe_block(layer.mlp, moe_in[i], None, num)
+            moe_block(family, layer.mlp, moe_in[i], None, num)
 
     lm_head = model.get_output_embeddings()
     final = text.norm(mixer_in[len(layers) - 1])  # a [1, 16, H] hidden state of the right scale

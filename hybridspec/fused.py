@@ -8,7 +8,8 @@ weight, their rows stacked, costs one. The verification forward fuses:
 - GDN: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (Qwen3.5/3.6) or `in_proj_qkvz`,
   `in_proj_ba` (Qwen3-Next);
 - attention: `q_proj`, `k_proj`, `v_proj`;
-- sparse MoE: the shared expert's `gate_proj` and `up_proj` and the block's `shared_expert_gate`.
+- sparse MoE: the router, the shared expert's `gate_proj` and `up_proj` and the block's
+  `shared_expert_gate`.
 
 Stored once: `fuse` stacks the weights into one tensor, a non-persistent buffer of the parent
 module (it moves with `model.to` and stays out of `state_dict`), and makes each linear's `weight`
@@ -34,30 +35,47 @@ from torch import nn
 from hybridspec import parallel
 
 PREFIX = "_hybridspec_fused_"
+# fused weights end on a multiple of this many rows (zero rows after the last linear's): the GEMM's
+# output rows then start on 16-byte boundaries, which cuBLAS's fast kernels ask of their operands
+ROW_ALIGN = 16
 
 
-def _fusable(linears: Sequence[nn.Module]) -> bool:
+def _padded(rows: int) -> int:
+    return -(-rows // ROW_ALIGN) * ROW_ALIGN
+
+
+def _fusable(linears: Sequence[nn.Module], linear_like: tuple = ()) -> bool:
+    """Plain bias-free `nn.Linear`s (or modules of `linear_like` types, which the caller knows to
+    compute `F.linear(x, weight)`), of one dtype, device and input width, none sharded."""
     first = linears[0].weight
     return all(
-        type(lin) is nn.Linear and lin.bias is None and not parallel.is_sharded(lin.weight)
+        ((type(lin) is nn.Linear and lin.bias is None) or type(lin) in linear_like)
         and isinstance(lin.weight, nn.Parameter) and not isinstance(lin.weight, parallel.DTensor)
-        and lin.weight.dtype == first.dtype and lin.weight.device == first.device
+        and lin.weight.dim() == 2 and lin.weight.dtype == first.dtype and lin.weight.device == first.device
         and lin.weight.shape[1] == first.shape[1] and lin.weight.device.type != "meta"
         for lin in linears
     )
 
 
-def fuse(parent: nn.Module, name: str, linears: Sequence[nn.Module]) -> bool:
+def _stack(linears: Sequence[nn.Module]) -> torch.Tensor:
+    weights = [lin.weight.detach() for lin in linears]
+    rows = sum(w.shape[0] for w in weights)
+    pad = weights[0].new_zeros(_padded(rows) - rows, weights[0].shape[1])
+    return torch.cat([*weights, pad])
+
+
+def fuse(parent: nn.Module, name: str, linears: Sequence[nn.Module], linear_like: tuple = ()) -> bool:
     """Stack `linears`' weights into the buffer `parent.<PREFIX><name>` and make each weight a view
-    of its rows; idempotent (an existing fusion is refreshed). False where they cannot be fused."""
+    of its rows; idempotent (an existing fusion is refreshed). False where they cannot be fused.
+    `linear_like`: module types besides `nn.Linear` that compute `F.linear(x, weight)` (a router)."""
     buffer = PREFIX + name
     if buffer in parent._buffers:
-        refresh(parent, name, linears)
+        refresh(parent, name, linears, linear_like)
         return True
-    if not _fusable(linears):
+    if not _fusable(linears, linear_like):
         return False
     with torch.no_grad():
-        stacked = torch.cat([lin.weight.detach() for lin in linears])
+        stacked = _stack(linears)
     parent.register_buffer(buffer, stacked, persistent=False)
     _link(stacked, linears)
     return True
@@ -79,10 +97,10 @@ def _linked(stacked: torch.Tensor, linears: Sequence[nn.Module]) -> bool:
                 or w.data_ptr() != stacked.data_ptr() + offset * row_bytes or not w.is_contiguous()):
             return False
         offset += w.shape[0]
-    return offset == stacked.shape[0]
+    return _padded(offset) == stacked.shape[0]
 
 
-def refresh(parent: nn.Module, name: str, linears: Sequence[nn.Module]) -> None:
+def refresh(parent: nn.Module, name: str, linears: Sequence[nn.Module], linear_like: tuple = ()) -> None:
     """Re-establish the views after a weight was replaced: copy the linears' weights into the fused
     buffer in place (its address stays, as captured graphs need) where its shape, dtype and device
     still fit, else stack them into a new buffer."""
@@ -93,8 +111,8 @@ def refresh(parent: nn.Module, name: str, linears: Sequence[nn.Module]) -> None:
     with torch.no_grad():
         rows = sum(lin.weight.shape[0] for lin in linears)
         fits = all(lin.weight.dtype == stacked.dtype and lin.weight.device == stacked.device
-                   and lin.weight.shape[1] == stacked.shape[1] for lin in linears) and rows == stacked.shape[0]
-        if not _fusable(linears):
+                   and lin.weight.shape[1] == stacked.shape[1] for lin in linears) and _padded(rows) == stacked.shape[0]
+        if not _fusable(linears, linear_like):
             # a weight became sharded, biased or of another kind: stop fusing this group
             unfuse_group(parent, name, linears)
             return
@@ -105,7 +123,7 @@ def refresh(parent: nn.Module, name: str, linears: Sequence[nn.Module]) -> None:
                 stacked[offset : offset + n].copy_(lin.weight.detach())
                 offset += n
         else:
-            stacked = torch.cat([lin.weight.detach() for lin in linears])
+            stacked = _stack(linears)
             parent._buffers[buffer] = stacked
     _link(stacked, linears)
 
@@ -128,10 +146,15 @@ def fused_weight(parent: nn.Module, name: str) -> torch.Tensor | None:
     return getattr(parent, PREFIX + name, None)
 
 
-def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor) -> list[torch.Tensor] | None:
-    """Every linear of the group on `x` as one GEMM over the fused weight, split per linear; None
-    where the group is not fused (the caller runs its linears as they are)."""
+def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor,
+            skip: int = 0) -> list[torch.Tensor] | None:
+    """The outputs of `linears[skip:]` on `x` as one GEMM over their rows of the fused weight (to
+    its end, padding included, then split off); None where the group is not fused (the caller runs
+    its linears as they are)."""
     stacked = fused_weight(parent, name)
     if stacked is None:
         return None
-    return list(F.linear(x, stacked).split([lin.weight.shape[0] for lin in linears], dim=-1))
+    first = sum(lin.weight.shape[0] for lin in linears[:skip])
+    sizes = [lin.weight.shape[0] for lin in linears[skip:]]
+    out = F.linear(x, stacked[first:]).split([*sizes, stacked.shape[0] - first - sum(sizes)], dim=-1)
+    return list(out[:-1])

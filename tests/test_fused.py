@@ -35,7 +35,8 @@ def test_fused_weight_is_the_only_storage_and_matches_the_linears():
     expected = [lin(x) for lin in lins]
     assert fuse(parent, "g", lins)
     stacked = fused_weight(parent, "g")
-    assert stacked.shape == (35, 16)
+    assert stacked.shape == (48, 16), "35 rows padded to a multiple of 16"
+    assert torch.equal(stacked[35:], torch.zeros(13, 16))
     for lin, w in zip(lins, before):
         assert torch.equal(lin.weight, w)
         assert lin.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr(), "a view, not a copy"

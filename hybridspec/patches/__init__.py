@@ -2,8 +2,9 @@
 
 A family module exposes `MODEL_TYPES`, `text_model(model)`, `text_config(model)`,
 `rope(model, hidden, positions)`, `apply_rope(q, k, cos, sin)` and
-`gdn_verify_layer(module, x, slot, num_tokens)` and `GDN_PROJECTIONS` (the GDN mixer's input
-projections, which `hybridspec.patches.fusion` fuses).
+`gdn_verify_layer(module, x, slot, num_tokens)`, `GDN_PROJECTIONS` (the GDN mixer's input
+projections, which `hybridspec.patches.fusion` fuses), `ROUTERS` (the MoE router's module types)
+and `router_normalizes(router)`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ collective); unsharded ones are called as they are."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from hybridspec import parallel
@@ -77,22 +78,39 @@ def is_sparse_moe(mlp) -> bool:
     return hasattr(mlp, "gate") and hasattr(mlp, "experts") and hasattr(mlp, "shared_expert")
 
 
-def route(mlp, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block's own router on `[B, w, H]` -> expert ids and routing weights `[B, w, k]`."""
+def route(family, mlp, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's router on `[B, w, H]` -> expert ids and routing weights `[B, w, k]`: its GEMM,
+    then transformers' softmax, top-k and renormalisation (`route_logits`)."""
     B, w, H = x.shape
-    # `forward`, not the module call: transformers hooks the router to collect router logits, and
-    # the hook reads a ContextVar, which dynamo cannot trace (a graph break inside every compiled
-    # layer, and an error inside torch.cond). Verification never returns router logits.
-    _, weights, ids = mlp.gate.forward(x.reshape(-1, H))
+    flat = x.reshape(-1, H)
+    if isinstance(mlp.gate.weight, parallel.DTensor):
+        # a router under a tensor-parallel plan: its own forward (not the module call: transformers
+        # hooks the router to collect router logits, and the hook reads a ContextVar, which dynamo
+        # cannot trace; verification never returns router logits)
+        _, weights, ids = mlp.gate.forward(flat)
+    else:
+        weights, ids = route_logits(family, mlp.gate, F.linear(flat, mlp.gate.weight))
     return ids.view(B, w, -1), weights.view(B, w, -1)
 
 
+def route_logits(family, router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Qwen3_5MoeTopKRouter` / `Qwen3NextTopKRouter` after their GEMM, on `[T, E]` router logits:
+    fp32 softmax, the top k, renormalised where the family's router does, in the logits' dtype.
+    Returns (weights, ids) `[T, k]`."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    top, ids = torch.topk(probs, router.top_k, dim=-1)
+    if family.router_normalizes(router):
+        top = top / top.sum(dim=-1, keepdim=True)
+    return top.to(logits.dtype), ids
+
+
 def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-              num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+              num_tokens: torch.Tensor | None = None, shared_in: list | None = None) -> torch.Tensor:
     """Routed experts on `hybridspec.ops.moe_experts` (cost follows the distinct experts the w
     tokens touch) plus the block's own shared expert; `x` `[B, w, H]`, `ids`/`weights` `[B, w, k]`.
     `num_tokens` `[B]`: each row's counted tokens; its rows past them read no expert and get the
-    shared expert only."""
+    shared expert only. `shared_in`: the shared expert's gate, up and sigmoid-gate projections of
+    `x` where the caller has them (from the router's fused GEMM)."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
     if num_tokens is not None and B > 1:
@@ -105,9 +123,10 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     routed = hybridspec_experts_forward(mlp.experts, flat, ids.reshape(B * w, -1), weights.reshape(B * w, -1),
                                         num_tokens=num_tokens)
     shared = mlp.shared_expert
-    fused = project(mlp, "shared", shared_linears(mlp), flat)
+    # the shared expert's gate and up projections and its sigmoid gate in one GEMM, over their rows
+    # of the block's fused weight (after the router's)
+    fused = shared_in or project(mlp, "moe", moe_linears(mlp), flat, skip=1)
     if fused is not None:
-        # the shared expert's gate and up projections and its sigmoid gate in one GEMM
         g, u, gate = fused
         return (routed + torch.sigmoid(gate) * shared.down_proj(shared.act_fn(g) * u)).reshape(B, w, H)
     gate = torch.sigmoid(mlp.shared_expert_gate(flat))
@@ -124,9 +143,10 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     return parallel.all_reduce(routed + shared, group).reshape(B, w, H)
 
 
-def shared_linears(mlp) -> tuple:
-    """The sparse MoE block's linears that read its input besides the router, in fusion order."""
-    return (mlp.shared_expert.gate_proj, mlp.shared_expert.up_proj, mlp.shared_expert_gate)
+def moe_linears(mlp) -> tuple:
+    """The sparse MoE block's linears that read its input, in fusion order: the router first (Stage
+    0 runs it alone), then the shared expert's gate and up projections and its sigmoid gate."""
+    return (mlp.gate, mlp.shared_expert.gate_proj, mlp.shared_expert.up_proj, mlp.shared_expert_gate)
 
 
 def _swiglu_local(mlp, x: torch.Tensor) -> torch.Tensor:
@@ -142,12 +162,21 @@ def dense_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
     return parallel.row(mlp.down_proj, _swiglu_local(mlp, x))
 
 
-def moe_verify(mlp, x: torch.Tensor, routing: list | None = None, num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
+               num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """The MoE block of a verified block; a sparse block appends its expert ids `[B, w, k]` to
-    `routing` when given. Dense MLP layers run as they are."""
+    `routing` when given. Dense MLP layers run as they are. Where the block's linears are fused, the
+    router and the shared expert's input projections are one GEMM."""
     if not is_sparse_moe(mlp):
         return dense_mlp(mlp, x)
-    ids, weights = route(mlp, x)
+    B, w, H = x.shape
+    fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, H))
+    if fused is None:
+        ids, weights, shared_in = *route(family, mlp, x), None
+    else:
+        logits, *shared_in = fused
+        weights, ids = route_logits(family, mlp.gate, logits)
+        ids, weights = ids.view(B, w, -1), weights.view(B, w, -1)
     if routing is not None:
         routing.append(ids)
-    return moe_apply(mlp, x, ids, weights, num_tokens)
+    return moe_apply(mlp, x, ids, weights, num_tokens, shared_in)

@@ -125,7 +125,7 @@ def stage0(family, model, input_ids: torch.Tensor, state: HybridState) -> Stage0
     slot = state.gdn(0, input_ids.shape[1])
     h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), slot, state.num_tokens)
     y = layer.post_attention_layernorm(h)
-    ids, weights = route(layer.mlp, y)
+    ids, weights = route(family, layer.mlp, y)
     return Stage0(h, y, ids, weights)
 
 
@@ -152,7 +152,7 @@ def _check_length(input_ids: torch.Tensor) -> None:
 def gdn_block(family, layer, h: torch.Tensor, slot: GDNSlot, num_tokens, routing=None) -> torch.Tensor:
     """One GDN decoder layer of a verified block: mixer and MoE with their residuals."""
     h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), slot, num_tokens)
-    return h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
+    return h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
 
 
 def attention_block(family, layer, h: torch.Tensor, cos_sin, keys, values, length, pad, num_tokens,
@@ -160,7 +160,7 @@ def attention_block(family, layer, h: torch.Tensor, cos_sin, keys, values, lengt
     """One attention decoder layer of a verified block."""
     h = h + attention_verify(layer.self_attn, layer.input_layernorm(h), cos_sin, keys, values, length, pad,
                              family.apply_rope)
-    return h + moe_verify(layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
+    return h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
 
 
 class Blocks(NamedTuple):

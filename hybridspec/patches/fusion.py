@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from hybridspec.fused import fuse, fused_weight, unfuse_group
-from hybridspec.patches.common import is_sparse_moe, shared_linears
+from hybridspec.patches.common import is_sparse_moe, moe_linears
 
 
 def groups(family, model):
     """`(parent, name, linears)` for every group: each GDN mixer's input projections, each
-    attention's q/k/v, each sparse MoE block's shared-expert projections and gate."""
+    attention's q/k/v, each sparse MoE block's router and shared-expert projections and gate."""
     kinds = family.text_config(model).layer_types
     for kind, layer in zip(kinds, family.text_model(model).layers):
         if kind == "linear_attention":
@@ -18,7 +18,7 @@ def groups(family, model):
             mod = layer.self_attn
             yield mod, "qkv", (mod.q_proj, mod.k_proj, mod.v_proj)
         if is_sparse_moe(layer.mlp):
-            yield layer.mlp, "shared", shared_linears(layer.mlp)
+            yield layer.mlp, "moe", moe_linears(layer.mlp)
 
 
 def fuse_model(family, model) -> list[int]:
@@ -26,7 +26,7 @@ def fuse_model(family, model) -> list[int]:
     cheap when nothing changed, so every `generate` call runs it. Returns the fused weights'
     addresses, which a captured graph holds (the runner captures again when they move)."""
     return [fused_weight(parent, name).data_ptr() for parent, name, linears in groups(family, model)
-            if fuse(parent, name, linears)]
+            if fuse(parent, name, linears, family.ROUTERS)]
 
 
 def unfuse_model(family, model) -> None:

@@ -15,6 +15,13 @@ MODEL_TYPES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
 # the GDN mixer's input projections, in the order `gdn_verify_layer` splits their fused output
 GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 apply_rope = modeling.apply_rotary_pos_emb
+# the sparse MoE block's router: `F.linear(x, weight)`, then softmax, top-k, renormalised
+ROUTERS = (modeling.Qwen3_5MoeTopKRouter,)
+
+
+def router_normalizes(router) -> bool:
+    """Qwen3.5/3.6's router always renormalises its top-k probabilities."""
+    return True
 
 
 def text_model(model):

@@ -15,6 +15,13 @@ MODEL_TYPES = ("Qwen3NextForCausalLM",)
 # the GDN mixer's input projections, in the order `gdn_verify_layer` splits their fused output
 GDN_PROJECTIONS = ("in_proj_qkvz", "in_proj_ba")
 apply_rope = modeling.apply_rotary_pos_emb
+# the sparse MoE block's router: `F.linear(x, weight)`, then softmax, top-k, renormalised per config
+ROUTERS = (modeling.Qwen3NextTopKRouter,)
+
+
+def router_normalizes(router) -> bool:
+    """Qwen3-Next's router renormalises its top-k probabilities where the config says so."""
+    return bool(router.norm_topk_prob)
 
 
 def text_model(model):
