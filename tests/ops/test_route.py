@@ -1,0 +1,251 @@
+"""route_topk kernel against the naive twin (hybridspec.ops.naive_route: fp32 softmax, a stable
+descending sort, renormalisation, cast), exact ties to the lowest index, and the twin against
+transformers' router math."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from hybridspec.ops import naive_route, route_topk
+from tests.helpers import assert_rel
+from tests.ops.conftest import expect_launch
+
+# fp32: the same softmax and divisions as the twin, other exp and summation orders (the GPU's exp is
+# ex2.approx after a multiply by log2 e: a few ulp); 16-bit: one rounding of the weight either way
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2**-8, torch.float16: 2**-11}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class RouteCase:
+    R: int
+    E: int
+    k: int
+    dtype: torch.dtype
+    normalize: bool
+    # "distinct": no two logits of a row equal, at least 1/256 apart (probabilities 0.4% apart, so
+    # the order is the twin's exactly); "ties": a coarse grid, exact ties everywhere; "normal": Gaussian
+    data: str
+    seed: int
+    # row stride past E (logits a slice of a wider tensor)
+    pad: int = 0
+
+
+def _distinct_values(dtype: torch.dtype) -> torch.Tensor:
+    """Distinct values of `dtype` in [-8, 8), at least 1/256 apart (over 1024 of them in bf16)."""
+    return (torch.arange(-2048, 2048) / 256).to(dtype).unique()
+
+
+def make_logits(case: RouteCase, device: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(case.seed)
+    R, E = case.R, case.E
+    if case.data == "distinct":
+        values = _distinct_values(case.dtype)
+        logits = torch.stack([values[torch.randperm(len(values), generator=gen)[:E]] for _ in range(R)])
+    elif case.data == "ties":
+        logits = torch.randint(-3, 4, (R, E), generator=gen) / 2
+    else:
+        logits = torch.randn(R, E, generator=gen) * 3
+    wide = torch.full((R, E + case.pad), float("nan"))
+    wide[:, :E] = logits
+    return wide.to(case.dtype).to(device)[:, :E]
+
+
+@st.composite
+def route_cases(draw):
+    E = draw(st.one_of(st.integers(1, 40), st.sampled_from([64, 255, 256, 300, 512, 1024])), label="E")
+    return RouteCase(
+        R=draw(st.sampled_from([1, 2, 5, 9]), label="R"),
+        E=E,
+        k=draw(st.one_of(st.integers(1, min(E, 12)), st.just(E)), label="k"),
+        dtype=draw(st.sampled_from(DTYPES), label="dtype"),
+        normalize=draw(st.booleans(), label="normalize"),
+        data=draw(st.sampled_from(["distinct", "ties", "normal"]), label="data"),
+        seed=draw(st.integers(0, 2**16), label="seed"),
+        pad=draw(st.sampled_from([0, 0, 3]), label="pad"),
+    )
+
+
+def check_against_naive(case: RouteCase, logits: torch.Tensor, got) -> None:
+    weights, ids = (t.cpu() for t in got)
+    ref_w, ref_ids = naive_route.route_topk(logits.cpu(), case.k, case.normalize)
+    assert weights.dtype == case.dtype and ids.dtype == torch.long
+    assert weights.shape == ids.shape == (case.R, case.k)
+    assert ((ids >= 0) & (ids < case.E)).all(), "an id out of range"
+    assert all(len(set(row)) == case.k for row in ids.tolist()), "an expert chosen twice"
+    if case.data in ("distinct", "ties"):
+        assert torch.equal(ids, ref_ids), f"ids {ids.tolist()} != twin's {ref_ids.tolist()}"
+    else:
+        # Gaussian fp32 logits may hold near-ties the two softmaxes order differently: the
+        # probabilities chosen must be the twin's, rank by rank
+        probs = torch.softmax(logits.cpu(), dim=-1, dtype=torch.float32)
+        torch.testing.assert_close(probs.gather(1, ids), probs.gather(1, ref_ids), rtol=4e-6, atol=0)
+        same = (ids == ref_ids).all(dim=1)
+        weights, ref_w = weights[same], ref_w[same]
+    assert_rel(weights, ref_w, TOL[case.dtype], "weights")
+
+
+def _run(case: RouteCase, device: str):
+    logits = make_logits(case, device)
+    with expect_launch("route_topk"):
+        got = route_topk(logits, case.k, normalize=case.normalize)
+    return logits, got
+
+
+@settings(max_examples=24)
+@given(case=route_cases())
+@example(case=RouteCase(R=3, E=256, k=8, dtype=torch.bfloat16, normalize=True, data="distinct", seed=0))
+@example(case=RouteCase(R=2, E=512, k=10, dtype=torch.float32, normalize=False, data="normal", seed=1, pad=3))
+@example(case=RouteCase(R=2, E=1024, k=1024, dtype=torch.float16, normalize=True, data="ties", seed=2))
+@example(case=RouteCase(R=1, E=1, k=1, dtype=torch.float32, normalize=True, data="normal", seed=3))
+def test_matches_naive(device, case):
+    logits, got = _run(case, device)
+    check_against_naive(case, logits, got)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ties_pick_the_lowest_index(device, dtype):
+    """Equal probabilities in any order of indices, across the k boundary, at probability 0
+    (underflowed and -inf logits) and past the padding of E = 300 to 512 lanes: the lowest index
+    comes first, and padding lanes are never chosen."""
+    E = 300
+    logits = torch.full((5, E), -4.0)
+    logits[:, :E].add_(torch.arange(E) % 7 / 8)  # the background: below 0, ties of its own
+    a, b, c, d = 7, 100, 260, 299
+    logits[0, [c, a, b]] = 5.0  # three tied on top
+    logits[1, [c, a, b]] = 5.0
+    logits[1, d] = 6.0
+    logits[2] = 1.0  # a whole row tied
+    logits[3] = float("-inf")  # a row of -inf but two experts: the rest have probability 0
+    logits[3, [b, c]] = 0.0
+    logits[4] = -30000.0  # probability 0 by underflow, all but one
+    logits[4, d] = 30000.0 if dtype != torch.float16 else 60000.0
+    logits = logits.to(dtype).to(device)
+    for k, expected in [
+        (2, [[a, b], [d, a], [0, 1], [b, c], [d, 0]]),
+        (4, [[a, b, c, 6], [d, a, b, c], [0, 1, 2, 3], [b, c, 0, 1], [d, 0, 1, 2]]),
+    ]:
+        for normalize in (True, False):
+            with expect_launch("route_topk"):
+                weights, ids = route_topk(logits, k, normalize=normalize)
+            assert ids.tolist() == expected, f"k={k}: {ids.tolist()}"
+            case = RouteCase(R=5, E=E, k=k, dtype=dtype, normalize=normalize, data="ties", seed=0)
+            check_against_naive(case, logits, (weights, ids))
+    weights, ids = route_topk(logits, E)
+    assert ids[2].tolist() == list(range(E)) and ids[4, 1:].tolist() == [i for i in range(E) if i != d]
+    assert (weights[2].float() - 1 / E).abs().max() <= (1 / E) * TOL[dtype]
+
+
+def test_twin_sorts_like_topk():
+    """On distinct probabilities the twin's stable sort gives torch.topk's order and values."""
+    for dtype in DTYPES:
+        for E, k in [(256, 8), (512, 10), (33, 33)]:
+            case = RouteCase(R=16, E=E, k=k, dtype=dtype, normalize=False, data="distinct", seed=E + k)
+            logits = make_logits(case, "cpu")
+            weights, ids = naive_route.route_topk(logits, k, normalize=False)
+            values, top = torch.topk(torch.softmax(logits, -1, dtype=torch.float32), k, sorted=True)
+            assert torch.equal(ids, top)
+            assert torch.equal(weights, values.to(dtype))
+
+
+# Qwen3_5MoeTopKRouter always renormalises; Qwen3NextTopKRouter as `norm_topk_prob` says
+@pytest.mark.parametrize("family, normalize", [("qwen3_5_moe", True), ("qwen3_next", True), ("qwen3_next", False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_twin_is_the_routers_math(family, normalize, dtype):
+    """The twin on `F.linear(hidden, router.weight)` gives transformers' router scores and indices."""
+    H, E, k = 32, 64, 8
+    if family == "qwen3_5_moe":
+        from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+        from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTopKRouter
+
+        router = Qwen3_5MoeTopKRouter(Qwen3_5MoeTextConfig(hidden_size=H, num_experts=E, num_experts_per_tok=k))
+    else:
+        from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextTopKRouter
+
+        router = Qwen3NextTopKRouter(Qwen3NextConfig(hidden_size=H, num_experts=E, num_experts_per_tok=k,
+                                                     norm_topk_prob=normalize))
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(E, H, generator=gen) * H**-0.5)
+        router = router.to(dtype)
+        hidden = (torch.randn(40, H, generator=gen) * 2).to(dtype)
+        logits, scores, indices = router(hidden)
+    weights, ids = naive_route.route_topk(logits, k, normalize)
+    # bf16 logits may tie exactly; torch.topk orders those its own way
+    probs = torch.softmax(logits, -1, dtype=torch.float32)
+    assert torch.equal(probs.gather(1, ids), probs.gather(1, indices))
+    untied = (ids == indices).all(dim=1)
+    assert untied.sum() >= 30
+    assert torch.equal(weights[untied], scores[untied])
+
+
+def test_strided_rows(device):
+    """Logits that are a column slice of a wider tensor (the router's output sliced per rank)."""
+    case = RouteCase(R=4, E=40, k=6, dtype=torch.float32, normalize=True, data="distinct", seed=5, pad=24)
+    logits, got = _run(case, device)
+    assert logits.stride(0) == 64
+    check_against_naive(case, logits, got)
+
+
+def test_opcheck(device):
+    logits = make_logits(RouteCase(R=3, E=20, k=4, dtype=torch.float32, normalize=True, data="normal", seed=6), device)
+    op = torch.ops.hybridspec.route_topk.default
+    torch.library.opcheck(op, (logits, 4, True))
+    torch.library.opcheck(op, (logits.bfloat16(), 3, False))
+
+
+def test_fullgraph_compile(device):
+    logits = make_logits(RouteCase(R=5, E=24, k=4, dtype=torch.float32, normalize=True, data="normal", seed=7), device)
+
+    def router_tail(logits):
+        weights, ids = route_topk(logits * 2, 4)
+        return weights * 3, ids + 1
+
+    eager = router_tail(logits)
+    compiled = torch.compile(router_tail, fullgraph=True)(logits)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e, c)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda x: (x[0], 4), r"logits must be \[R, E\] with R >= 1 and E >= 1, got \(20,\)"),
+        (lambda x: (x[:0], 4), r"logits must be \[R, E\] with R >= 1 and E >= 1, got \(0, 20\)"),
+        (lambda x: (x.double(), 4), "logits must be fp32, bf16 or fp16, got torch.float64"),
+        (lambda x: (x.t().contiguous().t(), 4), r"contiguous in their last dim, got strides \(1, 3\)"),
+        (lambda x: (x, 0), r"k must be an int with 1 <= k <= E = 20, got 0"),
+        (lambda x: (x, 21), r"k must be an int with 1 <= k <= E = 20, got 21"),
+        (lambda x: (x, 2.0), r"k must be an int with 1 <= k <= E = 20, got 2.0"),
+        (lambda x: (x.new_zeros(3, 1025), 4), r"\(3, 1025\): at most 1024 experts per row"),
+    ],
+)
+def test_wrapper_validates(change, match):
+    logits = make_logits(RouteCase(R=3, E=20, k=4, dtype=torch.float32, normalize=True, data="normal", seed=8), "cpu")
+    with pytest.raises(ValueError, match=match):
+        route_topk(*change(logits))
+
+
+# Qwen3.5/3.6 and the 122B: E = 256, k = 8; Qwen3-Next: E = 512, k = 10; one row to a 64-row batch
+GPU_CASES = [
+    RouteCase(R=R, E=E, k=k, dtype=dtype, normalize=True, data=data, seed=R + E)
+    for E, k in ((256, 8), (512, 10)) for R in (1, 16, 64) for dtype in (torch.bfloat16, torch.float32)
+    for data in ("distinct", "normal")
+] + [
+    RouteCase(R=64, E=512, k=10, dtype=torch.bfloat16, normalize=False, data="ties", seed=1),
+    RouteCase(R=1000, E=1024, k=16, dtype=torch.float16, normalize=True, data="normal", seed=2),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES,
+                         ids=lambda c: f"R{c.R}-E{c.E}-k{c.k}-{c.dtype}-{c.data}-n{int(c.normalize)}")
+def test_real_shapes(case):
+    logits, got = _run(case, "cuda")
+    check_against_naive(case, logits, got)
