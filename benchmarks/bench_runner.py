@@ -47,6 +47,7 @@ from hybridspec.round.stopping import HostStopping  # noqa: E402
 from hybridspec.tiny import tiny_drafter, tiny_target  # noqa: E402
 from hybridspec.ops.routing import distinct_prefix_counts  # noqa: E402
 from hybridspec.patches.common import attention_verify, moe_verify  # noqa: E402
+from hybridspec.cache import compiled_once  # noqa: E402
 from hybridspec.patches.forward import EAGER, Blocks, load_prefill, verify_forward  # noqa: E402
 from hybridspec.runner import Runner  # noqa: E402
 from hybridspec.shapes import build_drafter, build_target  # noqa: E402
@@ -144,7 +145,7 @@ def verification_curve(model, drafter, prompt, bandwidth):
     num = torch.full((1,), W, dtype=torch.long, device="cuda")
     lm_head = model.get_output_embeddings()
 
-    compiled = Blocks.compiled() if COMPILE else EAGER
+    compiled = compiled_once(Blocks) if COMPILE else EAGER
 
     def fixed():
         state.num_tokens = num

@@ -33,9 +33,10 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from hybridspec import parallel
+from hybridspec.cache import compiled_once
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.drafter.context import MIN_ROWS, ContextCache
-from hybridspec.drafter.layers import EAGER, CacheBlock, DFlashDecoderLayer, LayerBlocks, visibility
+from hybridspec.drafter.layers import EAGER, CacheBlock, DFlashDecoderLayer, LayerBlocks, fuse_layers, visibility
 from hybridspec.drafter.protocol import DraftBlock
 from hybridspec.ops import lm_head_top1
 
@@ -80,6 +81,7 @@ class DFlashDrafter(nn.Module):
         self.context: ContextCache | None = None
         # eager unless the runner compiles (`compile_layers`): CPU and the reference loop run eagerly
         self._blocks = EAGER
+        self._fused: list[torch.Tensor] = []
 
     @property
     def block_size(self) -> int:
@@ -118,7 +120,9 @@ class DFlashDrafter(nn.Module):
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(self.config.to_dict(), f, indent=2)
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        # clones: after drafting, projections are views of one fused weight, and safetensors refuses
+        # tensors that share memory
+        state = {k: v.detach().clone() for k, v in self.state_dict().items()}
         save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
 
     def fingerprint_config(self) -> dict:
@@ -207,17 +211,20 @@ class DFlashDrafter(nn.Module):
                 len(self.layers), batch_size, t.num_key_value_heads, t.head_dim, max(rows, MIN_ROWS), w.dtype, w.device
             )
         self.context.clear(max_length, pad)
+        # drafting runs each layer's q/k/v and gate/up projections as one GEMM each
+        self._fused = fuse_layers(self.layers)
 
     def compile_layers(self, enabled: bool) -> None:
         """`propose` runs its layers compiled with `torch.compile`, once per layer kind, or eagerly
         (the default). The drafts are the same; the compiled form fuses each layer's elementwise work."""
-        self._blocks = LayerBlocks.compiled() if enabled else EAGER
+        self._blocks = compiled_once(LayerBlocks) if enabled else EAGER
 
     def static_buffers(self) -> list[torch.Tensor]:
         """The device buffers a captured round reads and writes (the runner recaptures if they move)."""
         cache = self._context()
-        # `start` too: the padding mask and the RoPE positions of a captured round read it
-        return [cache.k, cache.v, cache.length, cache.start]
+        # `start` too: the padding mask and the RoPE positions of a captured round read it; the
+        # fused projection weights move if a replaced weight changed their dtype or shape
+        return [cache.k, cache.v, cache.length, cache.start, *self._fused]
 
     def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
         """New context holding every prompt position (`reset`, then `observe` of the whole prompt)."""

@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, apply_rotary_pos_emb, rotate_half
 
-from hybridspec.cache import BoundedCache
+from hybridspec.cache import compiled_once
 from hybridspec.drafter.config import DFlashConfig
+from hybridspec.fused import fuse, fused_weight, project
 from hybridspec.ops import decode_attention
 
 
@@ -92,9 +93,12 @@ class DFlashAttention(nn.Module):
         through `decode_attention` (`mask` unused, None) or, for a sliding-window layer, SDPA under
         `mask`."""
         B, T = x.shape[:2]
-        q = self.q_norm(self._heads(x, self.q_proj, self.num_heads)).transpose(1, 2)
-        k = self.k_norm(self._heads(x, self.k_proj, self.num_kv_heads)).transpose(1, 2)
-        v = self._heads(x, self.v_proj, self.num_kv_heads).transpose(1, 2)
+        linears = (self.q_proj, self.k_proj, self.v_proj)
+        # one GEMM where the drafter fused them for drafting (`fuse_layers`)
+        q, k, v = project(self, "qkv", linears, x) or [lin(x) for lin in linears]
+        q = self.q_norm(q.view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         past_k, past_v = past
         if block is None:
@@ -126,7 +130,30 @@ class DFlashDecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, mask, past, block: CacheBlock | None = None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, past, block)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + mlp_forward(self.mlp, self.post_attention_layernorm(x))
+
+
+def mlp_forward(mlp: Qwen3MLP, x: torch.Tensor) -> torch.Tensor:
+    """`Qwen3MLP.forward`, its gate and up projections one GEMM where they are fused (`fuse_layers`)."""
+    fused = project(mlp, "gate_up", (mlp.gate_proj, mlp.up_proj), x)
+    if fused is None:
+        return mlp(x)
+    gate, up = fused
+    return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+def fuse_layers(layers) -> list[torch.Tensor]:
+    """Fuse each layer's q/k/v and MLP gate/up projections (`hybridspec.fused`: the weights stored
+    once, the parameters views of them; re-linked when replaced). Returns the fused weights, which
+    a captured round reads."""
+    fused = []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for parent, name, linears in ((attn, "qkv", (attn.q_proj, attn.k_proj, attn.v_proj)),
+                                      (mlp, "gate_up", (mlp.gate_proj, mlp.up_proj))):
+            if fuse(parent, name, linears):
+                fused.append(fused_weight(parent, name))
+    return fused
 
 
 def full_block(layer: DFlashDecoderLayer, h, cos, sin, keys, values, block: CacheBlock) -> torch.Tensor:
@@ -141,20 +168,11 @@ def sliding_block(layer: DFlashDecoderLayer, h, cos, sin, mask, keys, values, bl
 
 
 class LayerBlocks(NamedTuple):
-    """The per-layer functions `DFlashDrafter.propose` calls: eager, or compiled once per layer
-    kind. They take the layer module and tensors only, so every layer of a kind shares one compiled
-    graph (its parameters are graph inputs)."""
+    """The per-layer functions `DFlashDrafter.propose` calls: eager (`EAGER`), or compiled once per
+    layer kind (`compiled_once(LayerBlocks)`). They take the layer module and tensors only, so every
+    layer of a kind shares one compiled graph (its parameters are graph inputs)."""
 
     full: object = full_block
     sliding: object = sliding_block
 
-    @classmethod
-    def compiled(cls) -> LayerBlocks:
-        """The compiled blocks, built once per process (compiled on first call per shape)."""
-        return _COMPILED.get(
-            "blocks", lambda: cls(torch.compile(full_block, dynamic=False), torch.compile(sliding_block, dynamic=False)))
-
-
 EAGER = LayerBlocks()
-# one entry: every drafter shares the compiled blocks, so dynamo compiles each layer kind once
-_COMPILED = BoundedCache(1)

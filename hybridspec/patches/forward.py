@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from hybridspec import parallel
-from hybridspec.cache import BoundedCache
+from hybridspec.cache import compiled_once
 from hybridspec.ops import GDNFactors
 from hybridspec.patches.common import attention_verify, is_sparse_moe, moe_apply, moe_verify, route
 from hybridspec.state import MAX_VERIFY, GDNSlot, HybridState
@@ -164,22 +164,14 @@ def attention_block(family, layer, h: torch.Tensor, cos_sin, keys, values, lengt
 
 
 class Blocks(NamedTuple):
-    """The per-layer functions `_layers` calls: eager, or compiled once per layer kind (every layer
-    of a kind shares one compiled graph: regional compilation, parameters are graph inputs)."""
+    """The per-layer functions `_layers` calls: eager (`EAGER`), or compiled once per layer kind
+    (`compiled_once(Blocks)`: every layer of a kind shares one compiled graph, regional
+    compilation, parameters are graph inputs)."""
 
     gdn: object = gdn_block
     attention: object = attention_block
 
-    @classmethod
-    def compiled(cls) -> Blocks:
-        """The compiled blocks, built once per process (compiled on first call per shape)."""
-        return _COMPILED.get(
-            "blocks", lambda: cls(torch.compile(gdn_block, dynamic=False), torch.compile(attention_block, dynamic=False)))
-
-
 EAGER = Blocks()
-# one entry: every runner shares the compiled blocks, so dynamo compiles each layer kind once
-_COMPILED = BoundedCache(1)
 
 
 def _layers(family, model, h, start: int, state: HybridState, taps, routing, tapped: dict | None = None,

@@ -21,6 +21,7 @@ import torch
 
 from hybridspec.drafter.protocol import CompilableDrafter, DeviceDrafter
 from hybridspec.parallel import model_group
+from hybridspec.cache import compiled_once
 from hybridspec.patches.forward import EAGER, Blocks, empty_state
 from hybridspec.round.accept import process_positions
 from hybridspec.round.cond import CondVerify
@@ -86,7 +87,7 @@ class Runner:
         graphs = not enforce_eager and model.get_output_embeddings().weight.device.type == "cuda"
         self.compiled = graphs if compile is None else compile
         taps = tuple(drafter.target_layer_ids) if drafter is not None else ()
-        self.target = Target(model, taps, Blocks.compiled() if self.compiled else EAGER)
+        self.target = Target(model, taps, compiled_once(Blocks) if self.compiled else EAGER)
         self.device = self.target.device
         self.state = empty_state(self.target.family, model, B, rows, self.device)
         if drafter is not None:

@@ -8,6 +8,7 @@ import torch
 from transformers import Qwen3Config
 
 from hybridspec import DFlashDrafter
+from hybridspec import fused as fused_mod
 from hybridspec.drafter import CompilableDrafter, DFlashConfig, Drafter, dflash, layers
 from tests.helpers import assert_rel
 from tests.models import BASE, TEXT, TAPS, VOCAB, config, qwen35_causal_lm, random_drafter
@@ -165,23 +166,31 @@ def test_full_layers_draft_through_decode_attention_without_a_mask(monkeypatch, 
     assert masks == [SLIDING["sliding_window"]] * sliding
 
 
+def _draft_rounds(drafter, seed: int, rounds: int, after_reset=None) -> list:
+    """A batch of two (the second row left-padded by 3) with a 20-position context, then `rounds`
+    rounds of propose + observe with random features and per-row commits; the draft blocks."""
+    B, F = 2, len(TAPS) * HIDDEN
+    gen = torch.Generator().manual_seed(seed)
+    drafter.reset(B, max_length=80, pad=torch.tensor([0, 3]))
+    if after_reset is not None:
+        after_reset()
+    drafter.observe(torch.randn(B, 20, F, generator=gen), 20)
+    blocks = []
+    for _ in range(rounds):
+        blocks.append(drafter.propose(torch.randint(0, VOCAB, (B,), generator=gen)))
+        drafter.observe(torch.randn(B, 16, F, generator=gen), torch.randint(1, 17, (B,), generator=gen))
+    return blocks
+
+
 def test_compiled_layers_draft_what_the_eager_ones_do():
     """`compile_layers(True)` (what the runner turns on where it compiles the target): rounds of
     both layer kinds, left padding and per-row lengths draft the same tokens as eager layers."""
     drafter = random_drafter(config(**SLIDING)).bind(qwen35_causal_lm())
     assert isinstance(drafter, CompilableDrafter)
-    B, F = 2, len(TAPS) * HIDDEN
 
     def rounds(compiled):
         drafter.compile_layers(compiled)
-        gen = torch.Generator().manual_seed(4)
-        drafter.reset(B, max_length=80, pad=torch.tensor([0, 3]))
-        drafter.observe(torch.randn(B, 20, F, generator=gen), 20)
-        blocks = []
-        for _ in range(3):
-            blocks.append(drafter.propose(torch.randint(0, VOCAB, (B,), generator=gen)))
-            drafter.observe(torch.randn(B, 16, F, generator=gen), torch.randint(1, 17, (B,), generator=gen))
-        return blocks
+        return _draft_rounds(drafter, seed=4, rounds=3)
 
     eager = rounds(False)
     try:
@@ -193,6 +202,38 @@ def test_compiled_layers_draft_what_the_eager_ones_do():
         # fusion reorders the fp32 arithmetic
         assert_rel(c.confidence, e.confidence, TOL, "confidence")
         assert_rel(c.entropy, e.entropy, TOL, "entropy")
+
+
+def test_fused_projections_draft_what_separate_ones_do_and_save_unshared(tmp_path):
+    """`reset` fuses each layer's q/k/v and gate/up projections (`hybridspec.fused`): the drafts
+    equal those of the separate linears, the parameters are views of the fused weights (listed in
+    `static_buffers`), and `save_pretrained` writes them as tensors of their own."""
+    drafter = random_drafter(config(**SLIDING)).bind(qwen35_causal_lm())
+
+    def unfuse():
+        for layer in drafter.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            fused_mod.unfuse_group(attn, "qkv", (attn.q_proj, attn.k_proj, attn.v_proj))
+            fused_mod.unfuse_group(mlp, "gate_up", (mlp.gate_proj, mlp.up_proj))
+
+    def rounds(fused):
+        return _draft_rounds(drafter, seed=6, rounds=2, after_reset=None if fused else unfuse)
+
+    fused = rounds(True)
+    attn = drafter.layers[0].self_attn
+    stacked = fused_mod.fused_weight(attn, "qkv")
+    assert stacked is not None and attn.k_proj.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+    assert any(t is stacked for t in drafter.static_buffers())
+    drafter.save_pretrained(tmp_path)
+    loaded = DFlashDrafter.from_pretrained(tmp_path)
+    for k, v in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    separate = rounds(False)
+    assert fused_mod.fused_weight(attn, "qkv") is None
+    for f, e in zip(fused, separate):
+        assert torch.equal(f.tokens, e.tokens)
+        assert_rel(f.confidence, e.confidence, TOL, "confidence")
+        assert_rel(f.entropy, e.entropy, TOL, "entropy")
 
 
 def test_drafting_reads_no_length_on_the_host():
