@@ -64,11 +64,13 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     v = v.reshape(hidden_shape).transpose(1, 2)
     q, k = apply_rope(q, k, *cos_sin)
     # positions live on the device, so write by index; rows past the round's w are computed and
-    # never used (row i of batch row b only sees cache indices pad_b .. start_b + i)
+    # never used (row i of batch row b only sees cache indices pad_b .. start_b + i). An index_put,
+    # not a scatter_: inductor writes it into the buffer in place, where a compiled scatter_ into
+    # an input copied the whole KV buffer out and back (twice per layer, growing with capacity)
     rows = start[:, None] + torch.arange(w, device=x.device)  # [B, w]
-    index = rows[:, None, :, None].expand(B, keys.shape[1], w, keys.shape[3])
-    keys.scatter_(2, index, k)
-    values.scatter_(2, index, v)
+    batch = torch.arange(B, device=x.device)[:, None]  # [B, 1]
+    keys[batch, :, rows] = k.transpose(1, 2)  # [B, w, Hkv, D]
+    values[batch, :, rows] = v.transpose(1, 2)
     out = decode_attention(q.transpose(1, 2), keys, values, start, scale=mod.scaling, gate=gate,
                            starts=pad)  # [B, w, Hq, D]
     return parallel.row(mod.o_proj, out.reshape(B, w, -1))
