@@ -12,10 +12,20 @@ from tests.calibration.synthetic import synthetic_calibration
 from tests.models import qwen3_next_causal_lm, qwen35_causal_lm
 
 
+def _fla_importable() -> bool:
+    try:
+        import fla  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
 @pytest.mark.parametrize("experts", ["eager", "hybridspec"])
-def test_cuda_generation_equals_target_only(build, experts):
+def test_cuda_generation_equals_target_only(build, experts, record_property):
+    # which prefill ran (transformers' own GDN path, with fla's kernels where importable), in the report
+    record_property("fla_importable", _fla_importable())
     hybridspec.experts.register()
     model = build(seed=4).cuda()
     prompt = torch.arange(3, 14, device="cuda")[None]
