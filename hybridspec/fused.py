@@ -46,15 +46,25 @@ def _padded(rows: int) -> int:
 
 def _fusable(linears: Sequence[nn.Module], linear_like: tuple = ()) -> bool:
     """Plain bias-free `nn.Linear`s (or modules of `linear_like` types, which the caller knows to
-    compute `F.linear(x, weight)`), of one dtype, device and input width, none sharded."""
+    compute `F.linear(x, weight)`), without forward hooks (a hook, or a wrapper such as a LoRA
+    adapter in the module's place, changes what the module computes), of one dtype, device and
+    input width, none sharded."""
     first = linears[0].weight
-    return all(
+    return isinstance(first, nn.Parameter) and all(
         ((type(lin) is nn.Linear and lin.bias is None) or type(lin) in linear_like)
+        and not lin._forward_hooks and not lin._forward_pre_hooks
         and isinstance(lin.weight, nn.Parameter) and not isinstance(lin.weight, parallel.DTensor)
         and lin.weight.dim() == 2 and lin.weight.dtype == first.dtype and lin.weight.device == first.device
         and lin.weight.shape[1] == first.shape[1] and lin.weight.device.type != "meta"
         for lin in linears
     )
+
+
+def _own(w: torch.Tensor, stacked: torch.Tensor) -> torch.Tensor:
+    """`w` detached, cloned where it lives in `stacked` (a weight moved within the group must not be
+    read from rows that the copy overwrites)."""
+    w = w.detach()
+    return w.clone() if w.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr() else w
 
 
 def _stack(linears: Sequence[nn.Module]) -> torch.Tensor:
@@ -70,22 +80,25 @@ def fuse(parent: nn.Module, name: str, linears: Sequence[nn.Module], linear_like
     `linear_like`: module types besides `nn.Linear` that compute `F.linear(x, weight)` (a router)."""
     buffer = PREFIX + name
     if buffer in parent._buffers:
-        refresh(parent, name, linears, linear_like)
-        return True
+        return refresh(parent, name, linears, linear_like)
     if not _fusable(linears, linear_like):
         return False
-    with torch.no_grad():
+    # outside inference mode, which would turn the model's own parameters into inference tensors (no
+    # in-place updates or autograd afterwards; calibration runs the runner under inference_mode)
+    with torch.inference_mode(False), torch.no_grad():
         stacked = _stack(linears)
-    parent.register_buffer(buffer, stacked, persistent=False)
-    _link(stacked, linears)
+        parent.register_buffer(buffer, stacked, persistent=False)
+        _link(stacked, linears)
     return True
 
 
 def _link(stacked: torch.Tensor, linears: Sequence[nn.Module]) -> None:
+    # `.data`, not a new Parameter: the Parameter objects stay the model's (an optimizer made
+    # before, weight ties and `.grad` keep referring to them); only their storage moves
     offset = 0
     for lin in linears:
         rows = lin.weight.shape[0]
-        lin.weight = nn.Parameter(stacked[offset : offset + rows], requires_grad=lin.weight.requires_grad)
+        lin.weight.data = stacked[offset : offset + rows]
         offset += rows
 
 
@@ -100,44 +113,46 @@ def _linked(stacked: torch.Tensor, linears: Sequence[nn.Module]) -> bool:
     return _padded(offset) == stacked.shape[0]
 
 
-def refresh(parent: nn.Module, name: str, linears: Sequence[nn.Module], linear_like: tuple = ()) -> None:
+def refresh(parent: nn.Module, name: str, linears: Sequence[nn.Module], linear_like: tuple = ()) -> bool:
     """Re-establish the views after a weight was replaced: copy the linears' weights into the fused
     buffer in place (its address stays, as captured graphs need) where its shape, dtype and device
-    still fit, else stack them into a new buffer."""
+    still fit, else stack them into a new buffer. A group that can no longer be fused (a module
+    swapped for a wrapper, a hook added, a bias, a shard) is unfused. Returns whether it is fused."""
     buffer = PREFIX + name
     stacked = parent._buffers[buffer]
+    if not _fusable(linears, linear_like):
+        unfuse_group(parent, name, linears)
+        return False
     if _linked(stacked, linears):
-        return
-    with torch.no_grad():
+        return True
+    with torch.inference_mode(False), torch.no_grad():
         rows = sum(lin.weight.shape[0] for lin in linears)
         fits = all(lin.weight.dtype == stacked.dtype and lin.weight.device == stacked.device
                    and lin.weight.shape[1] == stacked.shape[1] for lin in linears) and _padded(rows) == stacked.shape[0]
-        if not _fusable(linears, linear_like):
-            # a weight became sharded, biased or of another kind: stop fusing this group
-            unfuse_group(parent, name, linears)
-            return
         if fits:
+            weights = [_own(lin.weight, stacked) for lin in linears]
             offset = 0
-            for lin in linears:
-                n = lin.weight.shape[0]
-                stacked[offset : offset + n].copy_(lin.weight.detach())
-                offset += n
+            for w in weights:
+                stacked[offset : offset + w.shape[0]].copy_(w)
+                offset += w.shape[0]
         else:
             stacked = _stack(linears)
             parent._buffers[buffer] = stacked
-    _link(stacked, linears)
+        _link(stacked, linears)
+    return True
 
 
 def unfuse_group(parent: nn.Module, name: str, linears: Sequence[nn.Module]) -> None:
-    """Give each linear its own weight again and drop the fused buffer."""
+    """Give each linear its own weight again (a copy of its rows, where it still lives in the fused
+    buffer) and drop the fused buffer."""
     stacked = parent._buffers.pop(PREFIX + name, None)
     if stacked is None:
         return
-    linked = _linked(stacked, linears)
-    for lin in linears:
-        if linked:
-            with torch.no_grad():
-                lin.weight = nn.Parameter(lin.weight.detach().clone(), requires_grad=lin.weight.requires_grad)
+    with torch.inference_mode(False), torch.no_grad():
+        for lin in linears:
+            w = getattr(lin, "weight", None)
+            if isinstance(w, torch.Tensor) and w.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr():
+                w.data = w.detach().clone()
 
 
 def fused_weight(parent: nn.Module, name: str) -> torch.Tensor | None:

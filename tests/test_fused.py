@@ -80,6 +80,58 @@ def test_unfusable_groups_are_left_alone_and_unfuse_restores_own_weights():
     assert len(ptrs) == 3 and all(torch.equal(lin.weight, v) for lin, v in zip(lins, values))
 
 
+def test_parameters_keep_their_identity_for_optimizers_and_autograd():
+    """Fusing re-points `param.data`: an optimizer made before fusing still trains the module, and
+    its steps reach the fused weight."""
+    parent, lins = _linears()
+    params = [lin.weight for lin in lins]
+    opt = torch.optim.SGD(params, lr=0.1)
+    fuse(parent, "g", lins)
+    assert all(lin.weight is p for lin, p in zip(lins, params))
+    x = torch.randn(4, 16)
+    before = fused_weight(parent, "g").clone()
+    sum(lin(x).square().sum() for lin in lins).backward()
+    assert all(p.grad is not None for p in params)
+    opt.step()
+    assert not torch.equal(fused_weight(parent, "g"), before), "the step went through the views"
+    for got, lin in zip(project(parent, "g", lins, x), lins):
+        assert_rel(got, lin(x), 1e-6, "after a step")
+
+
+def test_fusing_under_inference_mode_leaves_ordinary_parameters():
+    parent, lins = _linears()
+    with torch.inference_mode():
+        fuse(parent, "g", lins)
+    assert not any(lin.weight.is_inference() for lin in lins) and lins[0].weight.requires_grad
+    with torch.no_grad():
+        lins[0].weight.mul_(2)  # would raise on an inference tensor
+    lins[1].weight = nn.Parameter(torch.randn(8, 16))
+    with torch.inference_mode():
+        refresh(parent, "g", lins)
+    assert not fused_weight(parent, "g").is_inference()
+
+
+def test_hooked_or_wrapped_projections_are_unfused():
+    parent, lins = _linears()
+    fuse(parent, "g", lins)
+    lins[1].register_forward_hook(lambda mod, args, out: out * 2)
+    assert not refresh(parent, "g", lins) and fused_weight(parent, "g") is None
+    assert len({lin.weight.untyped_storage().data_ptr() for lin in lins}) == 3, "each weight its own again"
+
+
+def test_weights_swapped_within_a_group_are_copied_before_overwritten():
+    parent, lins = _linears(sizes=(8, 8, 3))
+    fuse(parent, "g", lins)
+    x = torch.randn(2, 16)
+    a, b = lins[0].weight, lins[1].weight
+    want = [b.detach().clone(), a.detach().clone()]
+    lins[0].weight, lins[1].weight = b, a
+    refresh(parent, "g", lins)
+    assert torch.equal(lins[0].weight, want[0]) and torch.equal(lins[1].weight, want[1])
+    for got, lin in zip(project(parent, "g", lins, x), lins):
+        assert_rel(got, lin(x), 1e-6, "after a swap")
+
+
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
 def test_generate_fuses_without_growing_the_model_and_disable_unfuses(build):
     model = hybridspec.enable(build())

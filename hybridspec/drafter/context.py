@@ -57,7 +57,8 @@ class ContextCache:
 
     def positions(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Cache rows L..L+n-1 of every row `[B, n]`, and the matching scatter index into one
-        layer's cache `[B, KVH, n, d]`."""
+        layer's cache `[B, KVH, n, d]` (what `observe`'s `write` takes; `propose` writes its block
+        by index_put and uses the rows alone)."""
         pos = self.length[:, None] + torch.arange(n, device=self.length.device)
         return pos, pos[:, None, :, None].expand(-1, self.k.shape[2], -1, self.k.shape[4])
 

@@ -94,8 +94,10 @@ class DFlashAttention(nn.Module):
         `mask`."""
         B, T = x.shape[:2]
         linears = (self.q_proj, self.k_proj, self.v_proj)
-        # one GEMM where the drafter fused them for drafting (`fuse_layers`)
-        q, k, v = project(self, "qkv", linears, x) or [lin(x) for lin in linears]
+        # one GEMM where the drafter fused them (`fuse_layers`), when drafting only: the stateless
+        # forward (training) runs the linears, whose parameters are what autograd and an optimizer see
+        fused = project(self, "qkv", linears, x) if block is not None else None
+        q, k, v = fused or [lin(x) for lin in linears]
         q = self.q_norm(q.view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(k.view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -130,7 +132,9 @@ class DFlashDecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, mask, past, block: CacheBlock | None = None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, past, block)
-        return x + mlp_forward(self.mlp, self.post_attention_layernorm(x))
+        y = self.post_attention_layernorm(x)
+        # the fused gate/up GEMM when drafting (a cache block given), the module itself otherwise
+        return x + (mlp_forward(self.mlp, y) if block is not None else self.mlp(y))
 
 
 def mlp_forward(mlp: Qwen3MLP, x: torch.Tensor) -> torch.Tensor:

@@ -85,8 +85,9 @@ def route(family, mlp, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     then transformers' softmax, top-k and renormalisation (`route_logits`)."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
-    if isinstance(mlp.gate.weight, parallel.DTensor):
-        # a router under a tensor-parallel plan: its own forward (not the module call: transformers
+    if isinstance(mlp.gate.weight, parallel.DTensor) or type(mlp.gate) not in family.ROUTERS:
+        # a router under a tensor-parallel plan, or one the family does not know (replaced by the
+        # user): its own forward (not the module call: transformers
         # hooks the router to collect router logits, and the hook reads a ContextVar, which dynamo
         # cannot trace; verification never returns router logits)
         _, weights, ids = mlp.gate.forward(flat)
@@ -130,6 +131,10 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     fused = shared_in or project(mlp, "moe", moe_linears(mlp), flat, skip=1)
     if fused is not None:
         g, u, gate = fused
+        if parallel.is_sharded(mlp.experts.down_proj):
+            # experts split over the ranks under an unsharded shared expert (fused only when it is
+            # whole on every rank): `routed` is this rank's partial sum
+            routed = parallel.all_reduce(routed, parallel.group_of(mlp.experts.down_proj))
         return (routed + torch.sigmoid(gate) * shared.down_proj(shared.act_fn(g) * u)).reshape(B, w, H)
     gate = torch.sigmoid(mlp.shared_expert_gate(flat))
     down = mlp.experts.down_proj

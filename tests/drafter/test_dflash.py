@@ -236,6 +236,20 @@ def test_fused_projections_draft_what_separate_ones_do_and_save_unshared(tmp_pat
         assert_rel(f.entropy, e.entropy, TOL, "entropy")
 
 
+def test_training_after_drafting_reaches_every_projection():
+    """After drafting fused the projections, the stateless forward (training) still runs the
+    linears: every projection gets its gradient."""
+    drafter = random_drafter(config()).bind(qwen35_causal_lm())
+    _draft_rounds(drafter, seed=7, rounds=1)
+    assert fused_mod.fused_weight(drafter.layers[0].self_attn, "qkv") is not None
+    args = (torch.randn(1, 7, len(TAPS) * HIDDEN), torch.randn(1, 16, HIDDEN), torch.arange(23)[None])
+    drafter(*args).square().sum().backward()
+    for layer in drafter.layers:
+        for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                    layer.mlp.gate_proj, layer.mlp.up_proj):
+            assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+
+
 def test_drafting_reads_no_length_on_the_host():
     """On the meta device any host read of a tensor value raises."""
     with torch.device("meta"):
