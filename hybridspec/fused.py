@@ -45,14 +45,15 @@ def _padded(rows: int) -> int:
 
 
 def _fusable(linears: Sequence[nn.Module], linear_like: tuple = ()) -> bool:
-    """Plain bias-free `nn.Linear`s (or modules of `linear_like` types, which the caller knows to
-    compute `F.linear(x, weight)`), without forward hooks (a hook, or a wrapper such as a LoRA
-    adapter in the module's place, changes what the module computes), of one dtype, device and
-    input width, none sharded."""
+    """Plain bias-free `nn.Linear`s without forward hooks (a hook, or a wrapper such as a LoRA
+    adapter in the module's place, changes what the module computes), or modules of `linear_like`
+    types, which the caller knows to compute `F.linear(x, weight)` and calls without their hooks
+    anyway (the MoE router: transformers hooks it to record router logits); of one dtype, device
+    and input width, none sharded."""
     first = linears[0].weight
     return isinstance(first, nn.Parameter) and all(
-        ((type(lin) is nn.Linear and lin.bias is None) or type(lin) in linear_like)
-        and not lin._forward_hooks and not lin._forward_pre_hooks
+        ((type(lin) is nn.Linear and lin.bias is None and not lin._forward_hooks and not lin._forward_pre_hooks)
+         or type(lin) in linear_like)
         and isinstance(lin.weight, nn.Parameter) and not isinstance(lin.weight, parallel.DTensor)
         and lin.weight.dim() == 2 and lin.weight.dtype == first.dtype and lin.weight.device == first.device
         and lin.weight.shape[1] == first.shape[1] and lin.weight.device.type != "meta"

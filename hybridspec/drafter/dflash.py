@@ -222,9 +222,9 @@ class DFlashDrafter(nn.Module):
     def static_buffers(self) -> list[torch.Tensor]:
         """The device buffers a captured round reads and writes (the runner recaptures if they move)."""
         cache = self._context()
-        # `start` too: the padding mask and the RoPE positions of a captured round read it; the
-        # fused projection weights move if a replaced weight changed their dtype or shape
-        return [cache.k, cache.v, cache.length, cache.start, *self._fused]
+        # `start` too: the padding mask and the RoPE positions of a captured round read it; and the
+        # weights (the fused ones, and every parameter: one replaced between calls moves)
+        return [cache.k, cache.v, cache.length, cache.start, *self._fused, *self.parameters()]
 
     def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
         """New context holding every prompt position (`reset`, then `observe` of the whole prompt)."""

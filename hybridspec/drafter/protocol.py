@@ -82,7 +82,8 @@ class DeviceDrafter(Drafter, Protocol):
         ...
 
     def static_buffers(self) -> list[torch.Tensor]:
-        """The device buffers a captured round reads and writes."""
+        """The device tensors a captured round reads and writes (its buffers and weights): the
+        runner captures again when one of them moves."""
         ...
 
 

@@ -17,7 +17,7 @@ class Target:
     """`taps`: the layers whose outputs the drafter reads, in its order. `blocks`: the per-layer
     functions (eager, or compiled once per layer kind for the runner). `split`: Layer 0 is GDN +
     sparse MoE, so a round can stop at its router (Stage 0) and resume there (Stage 1). Building
-    one fuses the model's projections (`hybridspec.patches.fusion`); `fused`: their addresses."""
+    one fuses the model's projections (`hybridspec.patches.fusion`)."""
 
     model: torch.nn.Module
     taps: tuple[int, ...] = ()
@@ -25,22 +25,18 @@ class Target:
     family: object = field(init=False)
     split: bool = field(init=False)
     num_experts: int = field(init=False)
-    fused: list = field(init=False)
 
     def __post_init__(self):
         self.family = family_of(self.model)
         check_sharding(self.family, self.model)
-        self.fused = fuse_model(self.family, self.model)
+        fuse_model(self.family, self.model)
         self.split = has_router_boundary(self.family, self.model)
         layer0 = self.family.text_model(self.model).layers[0]
         self.num_experts = layer0.mlp.gate.weight.shape[0] if self.split else 0
 
-    def refuse(self) -> bool:
-        """Re-link the fused projections after weights were replaced (`hybridspec.fused`); True
-        when a fused weight moved, so that graphs captured over the old one must be captured again."""
-        fused = fuse_model(self.family, self.model)
-        moved, self.fused = fused != self.fused, fused
-        return moved
+    def refuse(self) -> None:
+        """Re-link the fused projections after weights were replaced (`hybridspec.fused`)."""
+        fuse_model(self.family, self.model)
 
     @property
     def lm_head(self) -> torch.nn.Module:

@@ -103,7 +103,7 @@ class Runner:
         self._step_fn = self._spec_step if drafter is not None else self._ar_step
         self._enforce_eager = enforce_eager
         self.step = CapturedStep(self._step_fn, self.device, enforce_eager)
-        self._drafter_buffers = self._drafter_pointers()
+        self._captured_at = self._pointers()
         pinned = self.device.type == "cuda"
         self.ring = torch.zeros(RING, B, self.width + EXTRA, dtype=torch.long, pin_memory=pinned)
         # views made once: each view costs microseconds of host time per round
@@ -127,8 +127,14 @@ class Runner:
         if isinstance(self.drafter, CompilableDrafter):
             self.drafter.compile_layers(self.compiled)
 
-    def _drafter_pointers(self) -> list[int]:
-        return [t.data_ptr() for t in self.drafter.static_buffers()] if self.drafter is not None else []
+    def _pointers(self) -> list[int]:
+        """Addresses of everything a captured step reads besides the runner's own buffers: the
+        model's parameters and buffers (fused weights included) and the drafter's static buffers."""
+        model = self.model
+        ptrs = [t.data_ptr() for t in model.parameters()] + [t.data_ptr() for t in model.buffers()]
+        if self.drafter is not None:
+            ptrs += [t.data_ptr() for t in self.drafter.static_buffers()]
+        return ptrs
 
     @property
     def captured(self) -> bool:
@@ -150,18 +156,18 @@ class Runner:
         P = input_ids.shape[1]
         if P >= self.capacity:
             raise ValueError(f"a prompt of {P} tokens does not fit a runner of capacity {self.capacity}")
-        if self.target.refuse():
-            # a fused projection weight moved (the model's weights were replaced by tensors of
-            # another dtype, device or shape since the capture): capture again
-            self.step = CapturedStep(self._step_fn, self.device, self._enforce_eager)
+        # re-link fused projections whose weights were replaced since the last call
+        self.target.refuse()
         if self.drafter is not None:
             self.drafter.reset(B, self.rows)
             self._compile_drafter()
-            if self._drafter_pointers() != self._drafter_buffers:
-                # the drafter reallocated buffers the graph captured (it served another call in
-                # between): capture again; `start` below clears what the warm-up left
-                self.step = CapturedStep(self._step_fn, self.device, self._enforce_eager)
-                self._drafter_buffers = self._drafter_pointers()
+        pointers = self._pointers()
+        if pointers != self._captured_at:
+            # something the graph reads moved since the capture (a weight replaced or converted, a
+            # fused weight restacked, the drafter's context reallocated by another call): capture
+            # again, or the graph would read the old memory; `start` below clears what the warm-up left
+            self.step = CapturedStep(self._step_fn, self.device, self._enforce_eager)
+            self._captured_at = pointers
         if logits_processor is not None:
             def process(logits, drafts):
                 return process_positions(logits_processor, input_ids, drafts, logits)

@@ -179,3 +179,25 @@ def test_forced_replay_takes_the_drawn_acceptance(pair):
         assert torch.equal(out.sequences[0, prompt.shape[1] + 1 :], continuation[1:])
     assert outs[0].hybridspec_stats == outs[1].hybridspec_stats
     assert max(outs[0].hybridspec_stats.accepted) > 2
+
+
+def test_a_weight_replaced_between_calls_makes_the_runner_capture_again():
+    """A captured graph reads the weights at their addresses: a parameter replaced between calls (of
+    the target, fused or not, or of the drafter) must give a new capture, and nothing else does."""
+    from hybridspec.policy import FixedPolicy
+
+    model, drafter = qwen35_causal_lm(), random_drafter()
+    drafter.bind(model)
+    runner = Runner(model, drafter, FixedPolicy("fixed", 4), capacity=64)
+    prompt = torch.arange(1, 9)[None]
+    runner.generate(prompt, 4)
+    step = runner.step
+    runner.generate(prompt, 4)
+    assert runner.step is step, "nothing moved: the same capture serves the next call"
+    layers = model.model.layers
+    fused = layers[0].linear_attn.in_proj_z  # re-linked in place: the same fused buffer, no new capture
+    for lin, recaptures in ((layers[3].self_attn.o_proj, True), (fused, False), (drafter.layers[0].mlp.down_proj, True)):
+        lin.weight = torch.nn.Parameter(lin.weight.detach().clone())
+        runner.generate(prompt, 4)
+        assert (runner.step is not step) == recaptures, lin
+        step = runner.step
