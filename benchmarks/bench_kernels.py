@@ -10,6 +10,10 @@
 2. The drafter's LM head (vocabulary 248,320, hidden 2048) for N = B x 15 rows (B = 1, 4):
    `hybridspec.ops.lm_head_top1` against the eager path (`F.linear`, argmax, fp32 softmax, gather,
    entropy). Bound: the weight's bytes at the copy bandwidth.
+3. The MoE router's tail on bf16 router logits `[R, E]` (R = 1, 16, 64 rows; E = 256 experts top-8,
+   the 35B-A3B and 122B-A10B routers, and E = 512 top-10, Qwen3-Next's): `hybridspec.ops.route_topk`
+   against the path `patches.common.route_logits` runs (fp32 softmax, `torch.topk`, renormalise,
+   cast), eager and compiled with `torch.compile` as the runner compiles it. No bytes bound (a few KB).
 
 Every path is captured in a CUDA graph and checked against the naive twin first; each sample is
 one replay after a 256 MB read that flushes the L2; the table gives medians in us.
@@ -39,13 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, write_json  # noqa: E402
 from hybridspec.ops import attention as attn_mod  # noqa: E402
 from hybridspec.ops import lm_head as head_mod  # noqa: E402
-from hybridspec.ops import decode_attention, lm_head_top1, naive_attention, naive_lm_head  # noqa: E402
+from hybridspec.ops import decode_attention, lm_head_top1, naive_attention, naive_lm_head, route_topk  # noqa: E402
 
 HQ, HKV, D = 16, 2, 256
 VOCAB, HIDDEN = 248_320, 2048
 CONTEXTS = (512, 8192)
 WIDTHS = (1, 4, 16)
 ROWS = (15, 60)
+# (rows, experts, top-k) of the router cases
+ROUTER_CASES = [(r, 256, 8) for r in (1, 16, 64)] + [(r, 512, 10) for r in (1, 16, 64)]
 DTYPE = torch.bfloat16
 
 ATTENTION_SWEEP = [
@@ -184,6 +190,28 @@ class Bench:
         return row
 
 
+def router_tail(logits: torch.Tensor, k: int):
+    """What `patches.common.route_logits` computes for a renormalising router: (weights, ids)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    top, ids = torch.topk(probs, k, dim=-1)
+    return (top / top.sum(dim=-1, keepdim=True)).to(logits.dtype), ids
+
+
+def route_case(bench: Bench, R: int, E: int, k: int, compiled_tail) -> dict:
+    logits = torch.randn(R, E, device="cuda", generator=bench.gen).to(DTYPE)
+    weights, ids = route_topk(logits, k)
+    ref_weights, ref_ids = router_tail(logits, k)
+    row = {"R": R, "E": E, "k": k, "ids_equal_rows": int((ids == ref_ids).all(-1).sum()), "of": R,
+           "weights_rel_err": ((weights.float() - ref_weights.float()).norm() / ref_weights.float().norm()).item()}
+    if row["weights_rel_err"] > 1e-2:
+        raise AssertionError(f"route_topk at R={R}, E={E}, k={k}: {row}")
+    row["ours_us"], row["ours_mode"] = bench.timed(lambda: route_topk(logits, k))
+    row["eager_us"], row["eager_mode"] = bench.timed(lambda: router_tail(logits, k))
+    row["compiled_us"], row["compiled_mode"] = bench.timed(lambda: compiled_tail(logits, k))
+    row["speedup_vs_compiled"] = row["compiled_us"] / row["ours_us"]
+    return row
+
+
 def sweep(bench: Bench, module, configs: list[dict], run_case, cases) -> dict:
     """Each config on every case (ours only); the best by its worst ratio to the bound."""
     results = []
@@ -247,7 +275,15 @@ def main():
                 [[r["N"], r["bound_us"], r["eager_us"], r["ours_us"], r["speedup"], r["ours_over_bound"],
                   f"{r['tokens_equal']}/{r['of']}", f"{r['confidence_rel_err']:.1e}", f"{r['entropy_rel_err']:.1e}"]
                  for r in heads])
-    modes = {r.get(k) for r in rows + heads for k in ("ours_mode", "sdpa_masked_mode", "eager_mode")} - {None}
+    compiled_tail = torch.compile(router_tail, dynamic=False)
+    routes = [route_case(bench, R, E, k, compiled_tail) for R, E, k in ROUTER_CASES]
+    report["router"] = routes
+    print("\nMoE router tail (softmax, top-k, renormalise) on bf16 logits (us)")
+    print_table(["R", "E", "k", "eager", "compiled", "ours", "vs compiled", "ids equal (rows)", "weights err"],
+                [[r["R"], r["E"], r["k"], r["eager_us"], r["compiled_us"], r["ours_us"], r["speedup_vs_compiled"],
+                  f"{r['ids_equal_rows']}/{r['of']}", f"{r['weights_rel_err']:.1e}"] for r in routes])
+    modes = {r.get(k) for r in rows + heads + routes
+             for k in ("ours_mode", "sdpa_masked_mode", "eager_mode", "compiled_mode")} - {None}
     print("capture:", sorted(modes))
     write_json(args.out, report)
     print(f"done in {time.time() - t0:.0f} s")
