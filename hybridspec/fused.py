@@ -150,10 +150,11 @@ def unfuse_group(parent: nn.Module, name: str, linears: Sequence[nn.Module]) -> 
     if stacked is None:
         return
     with torch.inference_mode(False), torch.no_grad():
+        # every parameter still in the buffer (a wrapper put in a linear's place holds it inside)
         for lin in linears:
-            w = getattr(lin, "weight", None)
-            if isinstance(w, torch.Tensor) and w.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr():
-                w.data = w.detach().clone()
+            for w in lin.parameters():
+                if w.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr():
+                    w.data = w.detach().clone()
 
 
 def fused_weight(parent: nn.Module, name: str) -> torch.Tensor | None:

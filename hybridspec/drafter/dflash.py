@@ -81,7 +81,6 @@ class DFlashDrafter(nn.Module):
         self.context: ContextCache | None = None
         # eager unless the runner compiles (`compile_layers`): CPU and the reference loop run eagerly
         self._blocks = EAGER
-        self._fused: list[torch.Tensor] = []
 
     @property
     def block_size(self) -> int:
@@ -212,7 +211,7 @@ class DFlashDrafter(nn.Module):
             )
         self.context.clear(max_length, pad)
         # drafting runs each layer's q/k/v and gate/up projections as one GEMM each
-        self._fused = fuse_layers(self.layers)
+        fuse_layers(self.layers)
 
     def compile_layers(self, enabled: bool) -> None:
         """`propose` runs its layers compiled with `torch.compile`, once per layer kind, or eagerly
@@ -223,8 +222,8 @@ class DFlashDrafter(nn.Module):
         """The device buffers a captured round reads and writes (the runner recaptures if they move)."""
         cache = self._context()
         # `start` too: the padding mask and the RoPE positions of a captured round read it; and the
-        # weights (the fused ones, and every parameter: one replaced between calls moves)
-        return [cache.k, cache.v, cache.length, cache.start, *self._fused, *self.parameters()]
+        # weights and buffers (the fused weights among them): one replaced between calls moves
+        return [cache.k, cache.v, cache.length, cache.start, *self.parameters(), *self.buffers()]
 
     def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
         """New context holding every prompt position (`reset`, then `observe` of the whole prompt)."""

@@ -24,7 +24,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, app
 
 from hybridspec.cache import compiled_once
 from hybridspec.drafter.config import DFlashConfig
-from hybridspec.fused import fuse, fused_weight, project
+from hybridspec.fused import fuse, project
 from hybridspec.ops import decode_attention
 
 
@@ -146,18 +146,13 @@ def mlp_forward(mlp: Qwen3MLP, x: torch.Tensor) -> torch.Tensor:
     return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
-def fuse_layers(layers) -> list[torch.Tensor]:
+def fuse_layers(layers) -> None:
     """Fuse each layer's q/k/v and MLP gate/up projections (`hybridspec.fused`: the weights stored
-    once, the parameters views of them; re-linked when replaced). Returns the fused weights, which
-    a captured round reads."""
-    fused = []
+    once, as module buffers, the parameters views of them; re-linked when replaced)."""
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
-        for parent, name, linears in ((attn, "qkv", (attn.q_proj, attn.k_proj, attn.v_proj)),
-                                      (mlp, "gate_up", (mlp.gate_proj, mlp.up_proj))):
-            if fuse(parent, name, linears):
-                fused.append(fused_weight(parent, name))
-    return fused
+        fuse(attn, "qkv", (attn.q_proj, attn.k_proj, attn.v_proj))
+        fuse(mlp, "gate_up", (mlp.gate_proj, mlp.up_proj))
 
 
 def full_block(layer: DFlashDecoderLayer, h, cos, sin, keys, values, block: CacheBlock) -> torch.Tensor:

@@ -80,12 +80,15 @@ def is_sparse_moe(mlp) -> bool:
     return hasattr(mlp, "gate") and hasattr(mlp, "experts") and hasattr(mlp, "shared_expert")
 
 
-def route(family, mlp, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block's router on `[B, w, H]` -> expert ids and routing weights `[B, w, k]`: its GEMM,
-    then transformers' softmax, top-k and renormalisation (`route_logits`)."""
+def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's router on `[B, w, H]` -> expert ids and routing weights `[B, w, k]`: its GEMM
+    (or `logits` `[B * w, E]`, where the caller ran it in the block's fused GEMM), then transformers'
+    softmax, top-k and renormalisation (`route_logits`)."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
-    if isinstance(mlp.gate.weight, parallel.DTensor) or type(mlp.gate) not in family.ROUTERS:
+    if logits is not None:
+        weights, ids = route_logits(family, mlp.gate, logits)
+    elif isinstance(mlp.gate.weight, parallel.DTensor) or type(mlp.gate) not in family.ROUTERS:
         # a router under a tensor-parallel plan, or one the family does not know (replaced by the
         # user): its own forward (not the module call: transformers
         # hooks the router to collect router logits, and the hook reads a ContextVar, which dynamo
@@ -127,27 +130,24 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                                         num_tokens=num_tokens)
     shared = mlp.shared_expert
     # the shared expert's gate and up projections and its sigmoid gate in one GEMM, over their rows
-    # of the block's fused weight (after the router's)
+    # of the block's fused weight (after the router's); fused only where it is whole on every rank
     fused = shared_in or project(mlp, "moe", moe_linears(mlp), flat, skip=1)
+    down = mlp.experts.down_proj
+    # under tensor parallelism this rank ran its slice of every expert's width: a partial sum
+    group = parallel.group_of(down) if parallel.is_sharded(down) else None
+    if fused is None and group is not None and parallel.is_sharded(shared.down_proj.weight):
+        # the shared expert's output is a partial sum too: both are reduced together (transformers'
+        # plan reduces each on its own)
+        partial = torch.sigmoid(mlp.shared_expert_gate(flat)) * parallel.row_partial(shared.down_proj, _swiglu_local(shared, flat))
+        return parallel.all_reduce(routed + partial, group).reshape(B, w, H)
     if fused is not None:
         g, u, gate = fused
-        if parallel.is_sharded(mlp.experts.down_proj):
-            # experts split over the ranks under an unsharded shared expert (fused only when it is
-            # whole on every rank): `routed` is this rank's partial sum
-            routed = parallel.all_reduce(routed, parallel.group_of(mlp.experts.down_proj))
-        return (routed + torch.sigmoid(gate) * shared.down_proj(shared.act_fn(g) * u)).reshape(B, w, H)
-    gate = torch.sigmoid(mlp.shared_expert_gate(flat))
-    down = mlp.experts.down_proj
-    if not parallel.is_sharded(down):
-        return (routed + gate * dense_mlp(mlp.shared_expert, flat)).reshape(B, w, H)
-    # this rank ran its slice of every expert's width: `routed` is a partial sum
-    group = parallel.group_of(down)
-    if not parallel.is_sharded(mlp.shared_expert.down_proj.weight):
-        return (parallel.all_reduce(routed, group) + gate * dense_mlp(mlp.shared_expert, flat)).reshape(B, w, H)
-    # the shared expert's output is a partial sum too: both are reduced together (transformers'
-    # plan reduces each on its own)
-    shared = gate * parallel.row_partial(mlp.shared_expert.down_proj, _swiglu_local(mlp.shared_expert, flat))
-    return parallel.all_reduce(routed + shared, group).reshape(B, w, H)
+        out = torch.sigmoid(gate) * shared.down_proj(shared.act_fn(g) * u)
+    else:
+        out = torch.sigmoid(mlp.shared_expert_gate(flat)) * dense_mlp(shared, flat)
+    if group is not None:
+        routed = parallel.all_reduce(routed, group)
+    return (routed + out).reshape(B, w, H)
 
 
 def moe_linears(mlp) -> tuple:
@@ -176,14 +176,9 @@ def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
     router and the shared expert's input projections are one GEMM."""
     if not is_sparse_moe(mlp):
         return dense_mlp(mlp, x)
-    B, w, H = x.shape
-    fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, H))
-    if fused is None:
-        ids, weights, shared_in = *route(family, mlp, x), None
-    else:
-        logits, *shared_in = fused
-        weights, ids = route_logits(family, mlp.gate, logits)
-        ids, weights = ids.view(B, w, -1), weights.view(B, w, -1)
+    fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, x.shape[-1]))
+    logits, shared_in = (fused[0], fused[1:]) if fused is not None else (None, None)
+    ids, weights = route(family, mlp, x, logits)
     if routing is not None:
         routing.append(ids)
     return moe_apply(mlp, x, ids, weights, num_tokens, shared_in)

@@ -24,7 +24,7 @@ def groups(family, model):
 def fuse_model(family, model) -> list[int]:
     """Fuse every group (or re-link one whose weights were replaced since: `hybridspec.fused`);
     cheap when nothing changed, so every `generate` call runs it. Returns the fused weights'
-    addresses, which a captured graph holds (the runner captures again when they move)."""
+    addresses (the runner captures again when any weight it reads moved, these among them)."""
     return [fused_weight(parent, name).data_ptr() for parent, name, linears in groups(family, model)
             if fuse(parent, name, linears, family.ROUTERS)]
 
