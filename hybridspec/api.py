@@ -27,7 +27,7 @@ from hybridspec.parallel import generator_digests, model_group
 from hybridspec.patches import family_of
 from hybridspec.patches.fusion import unfuse_model
 from hybridspec.patches.tp import check_sharding
-from hybridspec.policy import FixedPolicy, default_policy, from_calibration
+from hybridspec.policy import FixedPolicy, default_policy, from_calibration, graph_batch_size
 from hybridspec.runner.decode import release_runner
 from hybridspec.state import MAX_VERIFY
 
@@ -130,7 +130,7 @@ def _policy(model, drafter, verify_length, policy, calibration, batch_size: int 
     if batch_size > 1 and policy not in BATCH_POLICIES:
         raise ValueError(f"policy={policy!r} is not supported for a batch of {batch_size}: batched rounds share one "
                          f"length, chosen by verify_length= or policy= one of {BATCH_POLICIES}")
-    size = 4 if batch_size == 3 else batch_size
+    size = graph_batch_size(batch_size)
     if calibration is None:
         if policy in ("static", "dcut", "evict"):
             raise ValueError(f"policy={policy!r} needs profiled costs: run `hybridspec calibrate` and pass "

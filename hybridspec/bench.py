@@ -29,6 +29,7 @@ import torch
 
 from hybridspec.bench_report import COLUMNS, LOOP_RATIO, NOISY_SPREAD, calibration_noise, noise_reasons, print_table, spread
 from hybridspec.calibration.batched import left_padded
+from hybridspec.generation.options import BATCH_POLICIES
 
 METHODS = (
     ("vanilla DFlash (w=16)", dict(verify_length=16)),
@@ -369,7 +370,7 @@ def run(args) -> dict:
     if B > 1:
         # batched rounds share one length: a fixed length, "static" or "hybridspec"
         absent.update({name: f"not supported at batch size {B} (batched rounds: fixed length, static, HybridSpec)"
-                       for name, kw in methods if kw.get("policy") not in (None, "static", "hybridspec")})
+                       for name, kw in methods if kw.get("policy") not in (None, *BATCH_POLICIES)})
         methods = [(name, kw) for name, kw in methods if name not in absent]
     if forced is not None:
         # the same policy with the target's own acceptance: what exactness looks like on these weights

@@ -137,11 +137,14 @@ class RoutingCorrection:
         p_w0 = prefix.gather(1, (w0 - 1).clamp(max=prefix.shape[1] - 1)[:, None])[:, 0]
         return keep_extra_token(p_w0, self.rho, self.cost, w0, self.s, self.eta, self.nbar, self.nbar_given, n_new)
 
-    def extend(self, selection: Selection, topk_ids: torch.Tensor, cap: torch.Tensor, num_experts: int) -> torch.Tensor:
+    def extend(self, selection: Selection, topk_ids: torch.Tensor, cap: torch.Tensor, num_experts: int,
+               distinct: torch.Tensor | None = None) -> torch.Tensor:
         """The verified length `[B]`: w0, or w0 + 1 where the correction keeps token w0 + 1, given
-        Stage 0's Layer-0 expert ids `[B, W, k]` and the budget `cap` `[B]`."""
+        Stage 0's Layer-0 expert ids `[B, W, k]` and the budget `cap` `[B]`; `distinct` `[B, W]`:
+        their `distinct_prefix_counts` where the caller has them."""
         w0 = selection.w0
-        distinct = distinct_prefix_counts(topk_ids, num_experts)  # [B, W]
+        if distinct is None:
+            distinct = distinct_prefix_counts(topk_ids, num_experts)  # [B, W]
         W = distinct.shape[1]
         # token w0 + 1 against the union of the first w0: entry w0 of the new-expert counts
         at = w0.clamp(1, W - 1)[:, None]
@@ -191,8 +194,11 @@ class Correction(Protocol):
     def to(self, device) -> Correction:
         ...
 
-    def extend(self, selection: Selection, topk_ids: torch.Tensor, cap: torch.Tensor, num_experts: int) -> torch.Tensor:
-        """w `[B]` from the selection, Stage 0's Layer-0 expert ids `[B, W, k]` and the budget `[B]`."""
+    def extend(self, selection: Selection, topk_ids: torch.Tensor, cap: torch.Tensor, num_experts: int,
+               distinct: torch.Tensor | None = None) -> torch.Tensor:
+        """w `[B]` from the selection, Stage 0's Layer-0 expert ids `[B, W, k]` and the budget `[B]`;
+        `distinct` `[B, W]`: each row's `distinct_prefix_counts` of those ids, where the caller has
+        them (an implementation may need other counts and ignore it)."""
         ...
 
 
@@ -291,7 +297,16 @@ class FixedPolicy:
 BATCH_LENGTHS = (2, 4, 8, 12, 16)
 # the batch sizes hybridspec decodes (graphs are captured per size; a batch of 3 runs as 4)
 BATCH_SIZES = (1, 2, 4)
-MAX_BATCH = 4
+
+
+def batch_lengths(block_size: int) -> tuple[int, ...]:
+    """The batched lengths a drafter of `block_size` can verify."""
+    return tuple(w for w in BATCH_LENGTHS if w <= block_size) or (block_size,)
+
+
+def graph_batch_size(batch_size: int) -> int:
+    """The captured size a batch runs as: the smallest of `BATCH_SIZES` that holds it (3 runs as 4)."""
+    return next(size for size in BATCH_SIZES if size >= batch_size)
 
 
 def batch_gain(prefix: torch.Tensor, lengths: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
@@ -321,7 +336,9 @@ class BatchRoutingCorrection:
     def to(self, device) -> BatchRoutingCorrection:
         return self
 
-    def extend(self, selection: Selection, topk_ids: torch.Tensor, cap: torch.Tensor, num_experts: int) -> torch.Tensor:
+    def extend(self, selection: Selection, topk_ids: torch.Tensor, cap: torch.Tensor, num_experts: int,
+               distinct: torch.Tensor | None = None) -> torch.Tensor:
+        # the batch's union of experts decides here, not each row's own counts (`distinct`)
         w0, prefix = selection.w0, selection.prefix
         B, W, k = topk_ids.shape
         lengths = self.constants.tensor(self.lengths, w0.device)
@@ -364,7 +381,7 @@ class BatchPolicy:
     def builtin_default(cls, name: str, batch_size: int, max_len: int = 16) -> BatchPolicy:
         # B rows cost about B times a row's extra tokens over one fixed launch-bound round
         # (the B = 1 default's slope, per row); rho per row as at B = 1
-        lengths = tuple(w for w in BATCH_LENGTHS if w <= max_len) or (max_len,)
+        lengths = batch_lengths(max_len)
         cost = tuple(1.0 + 0.03 * batch_size * (w - 1) for w in lengths)
         return cls(name, batch_size, lengths, cost, rho=2.0 * batch_size)
 

@@ -45,7 +45,6 @@ DRAFTER_35B = dict(
     head_dim=128, rms_norm_eps=1e-6, rope_theta=10_000_000.0, max_position_embeddings=262144, num_target_layers=40,
     block_size=16,
 )
-TAPS_35B = [1, 10, 19, 28, 37]
 
 
 @contextlib.contextmanager
@@ -97,11 +96,8 @@ def drafter_config(shape: str, num_layers: int | None = None, scale: int = 1) ->
     """The raw z-lab-format config of the shape's drafter, for a target of `num_layers` layers."""
     target = target_config(shape, num_layers, scale)
     depth = target.num_hidden_layers
-    if shape == "qwen3.6-35b-a3b" and depth == 40:
-        taps = TAPS_35B
-    else:
-        # the 35B drafters' spacing (every 9th of 40 layers from layer 1) over this depth
-        taps = sorted({1 + i * ((depth - 4) // 4) for i in range(5)} & set(range(depth)))
+    # the 35B drafters' spacing over this depth: at 40 layers, their taps 1, 10, 19, 28, 37
+    taps = sorted({1 + i * ((depth - 4) // 4) for i in range(5)} & set(range(depth)))
     raw = dict(DRAFTER_35B, hidden_size=target.hidden_size, intermediate_size=3 * target.hidden_size,
                num_target_layers=depth, vocab_size=target.vocab_size,
                dflash_config={"target_layer_ids": taps, "mask_token_id": target.vocab_size - 1})

@@ -18,24 +18,18 @@ without a checkpoint, which this module builds with transformers' own parallel s
 from __future__ import annotations
 
 import contextlib
-import re
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
-from transformers.integrations.tensor_parallel import ALL_PARALLEL_STYLES
+from transformers.integrations.tensor_parallel import ALL_PARALLEL_STYLES, replace_layer_number_by_wildcard
 
 from hybridspec.patches import family_of
 
 
-def _generic(name: str) -> str:
-    # the plan names layers `layers.*` (transformers' `replace_layer_number_by_wildcard`)
-    return re.sub(r"\.\d+(\.|$)", lambda m: ".*" + m.group(1), name)
-
-
 def _style(plan: dict, name: str, parameter: bool) -> str | None:
     """transformers' lookup: a parameter's own entry, else its module's; a module's own entry."""
-    generic = _generic(name)
+    generic = replace_layer_number_by_wildcard(name)
     if generic in plan:
         return plan[generic]
     if parameter and "." in generic:

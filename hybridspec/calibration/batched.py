@@ -15,18 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from hybridspec.calibration.artifact import BatchCalibration
 from hybridspec.calibration.capture import mean_round_ms
 from hybridspec.calibration.costs import best_static_length, dinkelbach_rho
 from hybridspec.ops.routing import distinct_prefix_counts
-from hybridspec.policy import BATCH_LENGTHS
-
-
-def batch_lengths(block_size: int) -> tuple[int, ...]:
-    """The batched lengths a drafter of `block_size` can verify."""
-    return tuple(w for w in BATCH_LENGTHS if w <= block_size) or (block_size,)
+from hybridspec.policy import batch_lengths
 
 
 def left_padded(prompts: list[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -143,10 +143,9 @@ def calibrate(target, drafter, prompts, out: str, tokenizer: str | None = None,
     mean_w = float(LengthPolicy(cost=cost.cost, rho=rho).select(acceptance.predict(conf, ent), W).float().mean()) \
         if len(conf) else None
 
-    timed_groups = None if timed_prompts is None else timed_prompts
     batches = tuple(
         calibrate_batch(model, draft, runs, B, W, gains.numpy(), tokens.numpy(), data["layer0_ids"], eta,
-                        config.num_experts, max_new_tokens, timed_groups, accept)
+                        config.num_experts, max_new_tokens, timed_prompts, accept)
         for B in sorted(set(batch_sizes) - {1}))
 
     result = Calibration(

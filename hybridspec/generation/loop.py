@@ -11,6 +11,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hybridspec.generation.options import HybridSpecOptions
 from hybridspec.generation.reference import assemble, reference_decode
+from hybridspec.policy import graph_batch_size
 from hybridspec.round.stats import HybridSpecStats
 from hybridspec.round.stopping import HostStopping
 from hybridspec.runner.decode import cached_runner, runner_blocker, warn_fallback
@@ -58,7 +59,7 @@ def _decode_on_runner(model, input_ids, logits_processor, stopping_criteria, gen
     """The same call on the fixed-shape runner (CUDA graphs on CUDA unless `enforce_eager`)."""
     B = input_ids.shape[0]
     # graphs exist per batch size 1, 2, 4: a batch of 3 runs as 4 with a copy of row 0, dropped after
-    size = 4 if B == 3 else B
+    size = graph_batch_size(B)
     ids = _extend_rows(input_ids, size, 0)
     mask = None if mask is None else _extend_rows(mask, size, 0)
     positions = None if positions is None else _extend_rows(positions, size, positions.dim() - 2)

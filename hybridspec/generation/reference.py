@@ -77,13 +77,14 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
         r = rnd(context, budget, process)
         # the round's one read after verifying: every row's lengths and emitted tokens, together
         table = torch.cat([torch.stack([r.accepted + 1, r.empty, r.w, r.w0, r.layer0], dim=-1), r.tokens], dim=-1)
-        kept_rows = []
-        for b, (m, empty, w, w0, layer0, *tokens) in enumerate(table.tolist()):
+        kept_rows, listed = [], table.tolist()
+        for b, (m, empty, w, w0, layer0, *tokens) in enumerate(listed):
             if done[b]:
                 continue
             kept, done[b] = emit(tokens[:m], empty, take_from(b, r.tokens, r.processed, r.logits))
             kept_rows.append(kept)
-        w, w0, layer0 = table[0, 2:5].tolist()
+        # the round's lengths are the batch's (row 0's entries)
+        w, w0, layer0 = listed[0][2:5]
         stats.record(w, w0, kept_rows, layer0)
         if recorder is not None:
             recorder.end(r.block, w, kept_rows[0], r.routing, done[0])

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from transformers.integrations.tensor_parallel import replace_layer_number_by_wildcard
+
 from hybridspec.parallel import DTensor, is_sharded
 from hybridspec.patches.common import is_sparse_moe
 
@@ -33,11 +35,6 @@ ROLE_STYLES = {
 }
 # rows of the MoE kernel's tiles: each rank's share of an expert's width must be a multiple
 EXPERT_WIDTH_MULTIPLE = 16
-
-
-def _generic(name: str) -> str:
-    # transformers' plan keys name layers `layers.*`: the same substitution as its own lookup
-    return re.sub(r"\.\d+(\.|$)", lambda m: ".*" + m.group(1), name)
 
 
 def _role(generic_param: str) -> str:
@@ -74,7 +71,7 @@ def check_sharding(family, model) -> None:
         placement = p.placements[0]
         if isinstance(placement, Replicate):
             continue
-        generic = _generic(name)
+        generic = replace_layer_number_by_wildcard(name)
         role = _role(generic)
         if role.startswith("mlp.experts.") and isinstance(placement, Shard) and placement.dim == 0:
             raise ValueError(

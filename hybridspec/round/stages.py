@@ -49,8 +49,9 @@ def correct(correction: Correction | None, selection: Selection, kept: Stage0 | 
     w0 = selection.w0
     if kept is None:
         return w0, torch.full_like(w0, -1)
-    w = w0 if correction is None else correction.extend(selection, kept.topk_ids, cap, num_experts)
+    # counted once per round: the correction reads the same counts
     distinct = distinct_prefix_counts(kept.topk_ids, num_experts)  # [B, W]
+    w = w0 if correction is None else correction.extend(selection, kept.topk_ids, cap, num_experts, distinct)
     return w, distinct.gather(1, (torch.minimum(w, cap) - 1)[:, None])[:, 0]
 
 

@@ -101,7 +101,8 @@ def cached_runner(model, drafter, policy, logits_processor, generation_config, e
 
 
 def runner_of(model) -> Runner | None:
-    """The model's cached runner (that of its last `generate` call on the runner), if any."""
+    """The model's cached batch-one runner (that of its last batch-one `generate` call on the
+    runner), if any."""
     return model.__dict__.get(_ATTR)
 
 

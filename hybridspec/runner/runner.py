@@ -238,7 +238,7 @@ class Runner:
                 self.io.budget[b : b + 1].zero_()
 
     def _read(self, table, prompt_length, out, done, stats, stop, on_tokens) -> None:
-        kept_rows, newly = [], False
+        kept_rows, newly = [], [False] * len(done)
         for b, row in enumerate(table):
             if done[b]:
                 continue
@@ -250,15 +250,16 @@ class Runner:
                 return stop(prompt_length + len(out[b]) + len(new), token)
 
             kept, done[b] = emit(row[:m], empty, take)
-            newly |= done[b]
+            newly[b] = done[b]
             out[b].extend(new)
             kept_rows.append(kept)
             if on_tokens is not None:
                 on_tokens(new)
         w, w0, layer0 = (table[0][self.width + c] for c in (W_COL, W0_COL, L0_COL))
         stats.record(w, w0, kept_rows, layer0)
-        if newly:
-            self._retire(done)
+        if any(newly):
+            # only the rows that stopped in this round: the others were retired already
+            self._retire(newly)
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> tuple[torch.Tensor, HybridSpecStats]:
         """Plain decoding (no transformers processors, batch one): `[1, P + n]` and the statistics."""
