@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec import parallel
+from hybridspec import gemm, parallel
 
 PREFIX = "_hybridspec_fused_"
 # fused weights end on a multiple of this many rows (zero rows after the last linear's): the GEMM's
@@ -173,5 +173,5 @@ def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch
         return None
     first = sum(lin.weight.shape[0] for lin in linears[:skip])
     sizes = [lin.weight.shape[0] for lin in linears[skip:]]
-    out = F.linear(x, stacked[first:]).split([*sizes, stacked.shape[0] - first - sum(sizes)], dim=-1)
+    out = gemm.linear(x, stacked[first:]).split([*sizes, stacked.shape[0] - first - sum(sizes)], dim=-1)
     return list(out[:-1])

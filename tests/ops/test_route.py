@@ -249,3 +249,26 @@ GPU_CASES = [
 def test_real_shapes(case):
     logits, got = _run(case, "cuda")
     check_against_naive(case, logits, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("E, k", [(256, 8), (512, 10)])
+def test_same_experts_as_cuda_topk(E, k):
+    """What wiring the op into the router rests on (patches/common.py: route_logits): on CUDA it
+    chooses the set of experts `torch.topk` chooses on bf16 logits, ties at the k-th place included
+    (gatherTopK keeps the lowest indices, as the kernel does), with each expert's weight bitwise
+    equal to transformers' but where the two `exp`s differ in the last bit."""
+    gen = torch.Generator(device="cuda").manual_seed(E)
+    logits = torch.randn(16384, E, device="cuda", generator=gen).to(torch.bfloat16)
+    weights, ids = route_topk(logits, k)
+    probs = torch.softmax(logits, -1, dtype=torch.float32)
+    top, ref_ids = torch.topk(probs, k, dim=-1)
+    ref_w = (top / top.sum(-1, keepdim=True)).to(torch.bfloat16)
+    ranked = probs.sort(-1, descending=True).values
+    assert (ranked[:, k - 1] == ranked[:, k]).sum() > 500, "too few ties at the k-th place to test the rule"
+    assert torch.equal(ids.sort(-1).values, ref_ids.sort(-1).values)
+    per_expert = torch.zeros_like(probs).scatter_(1, ids, weights.float())
+    ref_per_expert = torch.zeros_like(probs).scatter_(1, ref_ids, ref_w.float())
+    differ = (per_expert != ref_per_expert).any(-1)
+    assert differ.sum() <= 16384 // 1000, f"{int(differ.sum())} rows with another weight"
+    assert_rel(per_expert, ref_per_expert, 2**-8, "weights")
