@@ -14,6 +14,13 @@
    the 35B-A3B and 122B-A10B routers, and E = 512 top-10, Qwen3-Next's): `hybridspec.ops.route_topk`
    against the path `patches.common.route_logits` runs (fp32 softmax, `torch.topk`, renormalise,
    cast), eager and compiled with `torch.compile` as the runner compiles it. No bytes bound (a few KB).
+4. Few-row linear `x [M, K] @ W.T`, M = 1, 16, 64, bf16: `hybridspec.ops.small_linear` (one program
+   per block_n output features) against `F.linear` (cuBLAS, whose grid at these shapes has ~20-30
+   CTAs) and `F.linear` compiled with `torch.compile`, for (N, K) = (1296, 2048), the 35B-A3B
+   router + shared expert gate/up + shared gate fused weight padded to 1296 rows; (256, 2048), the
+   router's rows alone; (2048, 512), the shared expert's down projection; (2048, 4096), the
+   attention o_proj / GDN out_proj. Checked against `F.linear` (relative error, norm-wise and of the
+   largest element, below 1e-2). Bound: the weight's bytes at the copy bandwidth.
 
 Every path is captured in a CUDA graph and checked against the naive twin first; each sample is
 one replay after a 256 MB read that flushes the L2; the table gives medians in us.
@@ -21,7 +28,8 @@ one replay after a 256 MB read that flushes the L2; the table gives medians in u
     python benchmarks/bench_kernels.py [--out bench_out/kernels.json] [--samples 50] [--sweep]
 
 `--sweep` first times a few tile/split configurations of each kernel and runs the table with the
-best (the score: the worst ratio to the bytes bound over the cases).
+best (the score: the worst ratio to the bytes bound over the cases); for the few-row linear it tries
+block_n 16/32/64, block_k 128/256 and 3/4 stages.
 """
 
 from __future__ import annotations
@@ -42,8 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, write_json  # noqa: E402
 from hybridspec.ops import attention as attn_mod  # noqa: E402
+from hybridspec.ops import linear as linear_mod  # noqa: E402
 from hybridspec.ops import lm_head as head_mod  # noqa: E402
-from hybridspec.ops import decode_attention, lm_head_top1, naive_attention, naive_lm_head, route_topk  # noqa: E402
+from hybridspec.ops import (  # noqa: E402
+    decode_attention, lm_head_top1, naive_attention, naive_lm_head, route_topk, small_linear)
 
 HQ, HKV, D = 16, 2, 256
 VOCAB, HIDDEN = 248_320, 2048
@@ -52,6 +62,9 @@ WIDTHS = (1, 4, 16)
 ROWS = (15, 60)
 # (rows, experts, top-k) of the router cases
 ROUTER_CASES = [(r, 256, 8) for r in (1, 16, 64)] + [(r, 512, 10) for r in (1, 16, 64)]
+# (N, K) of the few-row linear cases, and their rows
+LINEAR_SHAPES = [(1296, 2048), (256, 2048), (2048, 512), (2048, 4096)]
+LINEAR_ROWS = (1, 16, 64)
 DTYPE = torch.bfloat16
 
 ATTENTION_SWEEP = [
@@ -77,6 +90,9 @@ HEAD_SWEEP = [
     dict(num_stages=2),
     dict(block_v=64, block_k=256, num_stages=4),
 ]
+
+LINEAR_SWEEP = [dict(block_n=bn, block_k=bk, num_stages=stages)
+                for bn in (16, 32, 64) for bk in (128, 256) for stages in (3, 4)]
 
 
 @contextlib.contextmanager
@@ -212,6 +228,33 @@ def route_case(bench: Bench, R: int, E: int, k: int, compiled_tail) -> dict:
     return row
 
 
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The projection as a compiled decoder layer holds it, for `torch.compile`."""
+    return F.linear(x, w)
+
+
+def linear_case(bench: Bench, M: int, N: int, K: int, compiled_linear=None, baseline: bool = True) -> dict:
+    """small_linear on `x [M, K]` and a bf16 `[N, K]` weight, against cuBLAS (and, with
+    `compiled_linear`, F.linear compiled), all captured in CUDA graphs."""
+    x = torch.randn(M, K, device="cuda", generator=bench.gen).to(DTYPE)
+    w = (torch.randn(N, K, device="cuda", generator=bench.gen) * K**-0.5).to(DTYPE)
+    ours, ref = small_linear(x, w).float(), F.linear(x, w).float()
+    row = {"M": M, "N": N, "K": K, "bound_us": N * K * w.element_size() / bench.bw * 1e6,
+           "rel_err_vs_cublas": ((ours - ref).norm() / ref.norm()).item(),
+           "max_err_vs_cublas": ((ours - ref).abs().max() / ref.abs().max()).item()}
+    if not (row["rel_err_vs_cublas"] < 1e-2 and row["max_err_vs_cublas"] < 1e-2):
+        raise AssertionError(f"small_linear at M={M}, N={N}, K={K}: {row}")
+    row["ours_us"], row["ours_mode"] = bench.timed(lambda: small_linear(x, w))
+    if baseline:
+        row["cublas_us"], row["cublas_mode"] = bench.timed(lambda: F.linear(x, w))
+        row["speedup"] = row["cublas_us"] / row["ours_us"]
+        if compiled_linear is not None:
+            row["compiled_us"], row["compiled_mode"] = bench.timed(lambda: compiled_linear(x, w))
+            row["speedup_vs_compiled"] = row["compiled_us"] / row["ours_us"]
+    row["ours_over_bound"] = row["ours_us"] / row["bound_us"]
+    return row
+
+
 def sweep(bench: Bench, module, configs: list[dict], run_case, cases) -> dict:
     """Each config on every case (ours only); the best by its worst ratio to the bound."""
     results = []
@@ -253,13 +296,19 @@ def main():
     print(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}  transformers {env['transformers']}  "
           f"copy bandwidth {bench.bw / 1e12:.2f} TB/s (read+write)")
     attention_cases = [(L, W) for L in CONTEXTS for W in WIDTHS]
+    linear_cases = [(M, N, K) for N, K in LINEAR_SHAPES for M in LINEAR_ROWS]
     if args.sweep:
         print("attention sweep (us per case:", attention_cases, ")")
         report["attention_sweep"] = sweep(bench, attn_mod, ATTENTION_SWEEP, bench.attention_case, attention_cases)
         print("lm head sweep (us per N:", ROWS, ")")
         report["lm_head_sweep"] = sweep(bench, head_mod, HEAD_SWEEP, bench.head_case, [(n,) for n in ROWS])
+        print("few-row linear sweep (us per case:", linear_cases, ")")
+        report["linear_sweep"] = sweep(
+            bench, linear_mod, LINEAR_SWEEP, lambda M, N, K, baseline: linear_case(bench, M, N, K, baseline=baseline),
+            linear_cases)
     report["attention_config"] = dataclasses.asdict(attn_mod.KERNEL_CONFIG)
     report["lm_head_config"] = dataclasses.asdict(head_mod.KERNEL_CONFIG)
+    report["linear_config"] = dataclasses.asdict(linear_mod.KERNEL_CONFIG)
 
     rows = [bench.attention_case(L, W) for L, W in attention_cases]
     report["attention"] = rows
@@ -282,8 +331,18 @@ def main():
     print_table(["R", "E", "k", "eager", "compiled", "ours", "vs compiled", "ids equal (rows)", "weights err"],
                 [[r["R"], r["E"], r["k"], r["eager_us"], r["compiled_us"], r["ours_us"], r["speedup_vs_compiled"],
                   f"{r['ids_equal_rows']}/{r['of']}", f"{r['weights_rel_err']:.1e}"] for r in routes])
-    modes = {r.get(k) for r in rows + heads + routes
-             for k in ("ours_mode", "sdpa_masked_mode", "eager_mode", "compiled_mode")} - {None}
+    compiled_linear = torch.compile(linear, dynamic=False, fullgraph=True)
+    # one static graph per shape: the cases outnumber dynamo's default recompile limit (8)
+    with torch._dynamo.config.patch(recompile_limit=4 * len(linear_cases)):
+        linears = [linear_case(bench, M, N, K, compiled_linear) for M, N, K in linear_cases]
+    report["linear"] = linears
+    print(f"\nfew-row linear x [M, K] @ W.T, bf16 (us); config {dataclasses.asdict(linear_mod.KERNEL_CONFIG)}")
+    print_table(["M", "N", "K", "bound", "cuBLAS", "compiled", "ours", "vs cuBLAS", "vs compiled", "ours/bound",
+                 "err vs cuBLAS"],
+                [[r["M"], r["N"], r["K"], r["bound_us"], r["cublas_us"], r["compiled_us"], r["ours_us"], r["speedup"],
+                  r["speedup_vs_compiled"], r["ours_over_bound"], f"{r['rel_err_vs_cublas']:.1e}"] for r in linears])
+    modes = {r.get(k) for r in rows + heads + routes + linears
+             for k in ("ours_mode", "sdpa_masked_mode", "eager_mode", "compiled_mode", "cublas_mode")} - {None}
     print("capture:", sorted(modes))
     write_json(args.out, report)
     print(f"done in {time.time() - t0:.0f} s")

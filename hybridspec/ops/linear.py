@@ -1,0 +1,135 @@
+"""`hybridspec::small_linear`: custom op, fake kernel and host wrapper for `x @ weight.T` at a few
+rows (M <= 64), a skinny GEMM that spreads the weight over ~N / block_n programs.
+
+Same form as the other ops (docs/design.md, "Ops"): the body launches the Triton kernel
+(hybridspec/ops/linear_triton.py) for CUDA tensors, and for CPU tensors under
+`TRITON_INTERPRET=1`, and runs the naive twin (hybridspec/ops/naive_linear.py) otherwise. One
+launch; deterministic (no split-K, no atomics). `fits` tells a caller whether a call may take this
+op rather than `F.linear`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybridspec.ops import naive_linear
+from hybridspec.ops.checks import FLOAT_INPUTS, check, next_pow2
+from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
+from hybridspec.ops.lm_head import GPU_DOT_PRECISION
+
+# one program holds every row: the row tile is at most 64
+MAX_ROWS = 64
+# shared memory a launch may ask for: an H200 gives 227 KB per block, and Triton's layout
+# conversions take some of it besides the pipelined tiles
+SMEM_BUDGET = 192 * 1024
+
+
+@dataclass
+class LinearKernelConfig:
+    """Tiles of `small_linear_kernel`; `benchmarks/bench_kernels.py --sweep` tries other values.
+    `block_n` output features per program (N / block_n programs read the weight); `block_k` columns
+    per loop step (halved for fp32, and shrunk until `num_stages` pipelined tiles fit in
+    `SMEM_BUDGET`). The row tile is `max(16, next_pow2(M))`, not configurable."""
+
+    block_n: int = 16
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+KERNEL_CONFIG = LinearKernelConfig()
+
+
+def _tiles(cfg: LinearKernelConfig, M: int, K: int, element_size: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) for a call; tl.dot wants every side >= 16 and a power of two."""
+    bm = min(MAX_ROWS, max(16, next_pow2(M)))
+    bn = max(16, next_pow2(cfg.block_n))
+    bk = max(16, next_pow2(cfg.block_k))
+    if element_size == 4:
+        # fp32 tiles take twice the bytes: half the columns per step keep the stages' footprint
+        bk = max(16, bk // 2)
+    while bk > 16 and (bm + bn) * bk * element_size * max(1, cfg.num_stages) > SMEM_BUDGET:
+        bk //= 2
+    return bm, bn, min(bk, max(16, next_pow2(K)))
+
+
+@torch.library.custom_op("hybridspec::small_linear", mutates_args=(), device_types=None)
+def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if not use_triton(x):
+        return naive_linear.small_linear(x, weight)
+    from hybridspec.ops.linear_triton import small_linear_kernel
+
+    cfg = KERNEL_CONFIG
+    M, K = x.shape
+    N = weight.shape[0]
+    bm, bn, bk = _tiles(cfg, M, K, x.element_size())
+    interp16 = TRITON_INTERPRET and x.dtype != torch.float32
+    if x.dtype == torch.float32:
+        prec = GPU_DOT_PRECISION if x.is_cuda and not TRITON_INTERPRET else "ieee"
+    else:
+        # 16-bit operands ignore the setting on the GPU; interpreted they are upcast to fp32 first
+        prec = "ieee" if interp16 else "tf32"
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    small_linear_kernel[(-(-N // bn), -(-M // bm))](
+        x, weight, out,
+        M, N, K,
+        x.stride(0), weight.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        PRECISION=prec, UPCAST=interp16, INTERPRET_BF16=TRITON_INTERPRET and x.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    count_launch("small_linear")
+    return out
+
+
+@_small_linear_op.register_fake
+def _(x, weight):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _last_dim_ok(t: torch.Tensor) -> bool:
+    # one column is read at offset 0 whatever its stride
+    return t.stride(1) == 1 or t.shape[1] == 1
+
+
+def fits(x2d: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `small_linear(x2d, weight)` accepts these inputs and would run the Triton kernel
+    (CUDA tensors, or CPU tensors under `TRITON_INTERPRET=1`); never raises. For a caller that
+    picks between this op and `F.linear`. Inputs that would record a graph for backward do not
+    fit: the op has no autograd formula."""
+    return (
+        x2d.dim() == 2 and weight.dim() == 2
+        and 1 <= x2d.shape[0] <= MAX_ROWS and x2d.shape[1] >= 1
+        and weight.shape[0] >= 1 and weight.shape[1] == x2d.shape[1]
+        and x2d.dtype in FLOAT_INPUTS and weight.dtype == x2d.dtype
+        and weight.device == x2d.device and use_triton(x2d)
+        and _last_dim_ok(x2d) and _last_dim_ok(weight)
+        and not (torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad))
+    )
+
+
+def small_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`x @ weight.T` (`F.linear` without bias) for a few rows, in one launch whose programs each
+    own `KERNEL_CONFIG.block_n` output features, so ~N / block_n programs stream the weight.
+
+    `x` `[M, K]` with 1 <= M <= 64, `weight` `[N, K]` (rows may be a slice of a larger buffer: any
+    row stride), both contiguous in their last dim, one dtype (fp32, bf16 or fp16), one device.
+    Returns `[M, N]`, contiguous, in that dtype: fp32 accumulation rounded once, as the twin
+    computes it. fp32 inputs multiply in 3xTF32 on the GPU (about fp32's precision). The order of
+    summation is fixed (no split-K), so repeated calls give the same bits; it differs from cuBLAS's,
+    so a result may differ from `F.linear`'s in the last bit.
+    """
+    check(x.dim() == 2 and x.shape[0] >= 1 and x.shape[1] >= 1,
+          f"x must be [M, K] with M >= 1 and K >= 1, got {tuple(x.shape)}")
+    M, K = x.shape
+    check(M <= MAX_ROWS, f"x [M, K] = {tuple(x.shape)}: at most {MAX_ROWS} rows")
+    check(weight.dim() == 2 and weight.shape[0] >= 1 and weight.shape[1] == K,
+          f"weight must be [N, K] = [N, {K}] with N >= 1, got {tuple(weight.shape)}")
+    check(x.dtype in FLOAT_INPUTS, f"x must be fp32, bf16 or fp16, got {x.dtype}")
+    check(weight.dtype == x.dtype, f"weight ({weight.dtype}) must have x's dtype {x.dtype}")
+    check(_last_dim_ok(x) and _last_dim_ok(weight),
+          f"x and weight must be contiguous in their last dim, got strides {x.stride()} and {weight.stride()}")
+    check(weight.device == x.device, f"weight is on {weight.device}, x on {x.device}")
+    return _small_linear_op(x, weight)

@@ -1,0 +1,56 @@
+"""`x @ weight.T` for a few rows (M <= 64): a skinny GEMM whose programs split the output features.
+
+Why: at 1..64 rows against a weight of a few thousand rows (the MoE router and shared expert's
+fused gate, the shared expert's down projection, the attention and GDN out projections), cuBLAS
+picks tiles so wide along N that the grid has only ~20-30 CTAs on a 132-SM H200, and they stream
+the weight at ~0.6 TB/s. Here one program owns BLOCK_N output features, so ~N / BLOCK_N programs
+(80-130 at these shapes) read the weight, each its own rows once.
+
+`small_linear_kernel`, grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)): each program multiplies its
+BLOCK_M rows of `x` (all of them for M <= 64) by a BLOCK_N-row tile of the weight, walking K in
+BLOCK_K steps, with fp32 accumulation, and stores the sum rounded once to the output dtype. Tails
+of M, N and K are masked loads of zeros. No split-K and no atomics: each output is summed by one
+program in a fixed order, so a result is the same on every run.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from hybridspec.ops.moe_triton import _round_bf16
+
+
+@triton.jit
+def small_linear_kernel(
+    x_ptr, w_ptr, out_ptr,
+    M, N, K,
+    s_xm, s_wn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    i_m = tl.program_id(1)
+    rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    # N x the row stride may pass 2**31 elements (a wide weight, or a slice of a wider fused buffer)
+    x_base = x_ptr + rows[:, None].to(tl.int64) * s_xm
+    w_base = w_ptr + cols[:, None].to(tl.int64) * s_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ck = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ck < K
+        x = tl.load(x_base + ck[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+        w = tl.load(w_base + ck[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
+        # the interpreter multiplies 16-bit dot operands as raw bits: upcast there (exact products)
+        if UPCAST:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    # the interpreter's fp32 -> bf16 cast truncates; the GPU's rounds to nearest even
+    if INTERPRET_BF16:
+        acc = _round_bf16(acc)
+    out = out_ptr + rows[:, None] * N + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
