@@ -26,6 +26,7 @@ Every path is captured in a CUDA graph and checked against the naive twin first;
 one replay after a 256 MB read that flushes the L2; the table gives medians in us.
 
     python benchmarks/bench_kernels.py [--out bench_out/kernels.json] [--samples 50] [--sweep]
+        [--only attention lm_head router linear]
 
 `--sweep` first times a few tile/split configurations of each kernel and runs the table with the
 best (the score: the worst ratio to the bytes bound over the cases); for the few-row linear it tries
@@ -280,13 +281,18 @@ def sweep(bench: Bench, module, configs: list[dict], run_case, cases) -> dict:
     return {"cases": [str(c) for c in cases], "results": results, "best": best}
 
 
+SECTIONS = ("attention", "lm_head", "router", "linear")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench_out/kernels.json")
     p.add_argument("--samples", type=int, default=50, help="replays per case (median of them)")
     p.add_argument("--new", type=int, default=1024, help="buffer positions past the context (the request's new tokens)")
     p.add_argument("--sweep", action="store_true", help="try a few kernel configs first, then run with the best")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="the sections to run (default: all)")
     args = p.parse_args()
+    only = set(args.only)
     t0 = time.time()
     bench = Bench(args.samples, args.new)
     # kernel timings on random inputs: no drafter, so no acceptance, simulated or real
@@ -297,11 +303,13 @@ def main():
           f"copy bandwidth {bench.bw / 1e12:.2f} TB/s (read+write)")
     attention_cases = [(L, W) for L in CONTEXTS for W in WIDTHS]
     linear_cases = [(M, N, K) for N, K in LINEAR_SHAPES for M in LINEAR_ROWS]
-    if args.sweep:
+    if args.sweep and "attention" in only:
         print("attention sweep (us per case:", attention_cases, ")")
         report["attention_sweep"] = sweep(bench, attn_mod, ATTENTION_SWEEP, bench.attention_case, attention_cases)
+    if args.sweep and "lm_head" in only:
         print("lm head sweep (us per N:", ROWS, ")")
         report["lm_head_sweep"] = sweep(bench, head_mod, HEAD_SWEEP, bench.head_case, [(n,) for n in ROWS])
+    if args.sweep and "linear" in only:
         print("few-row linear sweep (us per case:", linear_cases, ")")
         report["linear_sweep"] = sweep(
             bench, linear_mod, LINEAR_SWEEP, lambda M, N, K, baseline: linear_case(bench, M, N, K, baseline=baseline),
@@ -310,14 +318,14 @@ def main():
     report["lm_head_config"] = dataclasses.asdict(head_mod.KERNEL_CONFIG)
     report["linear_config"] = dataclasses.asdict(linear_mod.KERNEL_CONFIG)
 
-    rows = [bench.attention_case(L, W) for L, W in attention_cases]
-    report["attention"] = rows
     print("acceptance: not applicable (kernel timings, no speculative decoding)")
+    rows = [bench.attention_case(L, W) for L, W in attention_cases] if "attention" in only else []
+    report["attention"] = rows
     print(f"\ndecode attention, one layer: {HQ} query / {HKV} key heads, D = {D}, bf16, gate fused (us)")
     print_table(["L", "W", "buffer", "bound", "sdpa+mask", "ours", "speedup", "ours/bound", "err vs naive"],
                 [[r["L"], r["W"], r["S"], r["bound_us"], r["sdpa_masked_us"], r["ours_us"], r["speedup"],
                   r["ours_over_bound"], f"{r['rel_err_vs_naive']:.1e}"] for r in rows])
-    heads = [bench.head_case(n) for n in ROWS]
+    heads = [bench.head_case(n) for n in ROWS] if "lm_head" in only else []
     report["lm_head"] = heads
     print(f"\ndrafter LM head top-1: V = {VOCAB}, H = {HIDDEN}, bf16 (us)")
     print_table(["N", "bound", "eager", "ours", "speedup", "ours/bound", "tokens equal", "conf err", "entropy err"],
@@ -325,7 +333,7 @@ def main():
                   f"{r['tokens_equal']}/{r['of']}", f"{r['confidence_rel_err']:.1e}", f"{r['entropy_rel_err']:.1e}"]
                  for r in heads])
     compiled_tail = torch.compile(router_tail, dynamic=False)
-    routes = [route_case(bench, R, E, k, compiled_tail) for R, E, k in ROUTER_CASES]
+    routes = [route_case(bench, R, E, k, compiled_tail) for R, E, k in ROUTER_CASES] if "router" in only else []
     report["router"] = routes
     print("\nMoE router tail (softmax, top-k, renormalise) on bf16 logits (us)")
     print_table(["R", "E", "k", "eager", "compiled", "ours", "vs compiled", "ids equal (rows)", "weights err"],
@@ -334,7 +342,7 @@ def main():
     compiled_linear = torch.compile(linear, dynamic=False, fullgraph=True)
     # one static graph per shape: the cases outnumber dynamo's default recompile limit (8)
     with torch._dynamo.config.patch(recompile_limit=4 * len(linear_cases)):
-        linears = [linear_case(bench, M, N, K, compiled_linear) for M, N, K in linear_cases]
+        linears = [linear_case(bench, M, N, K, compiled_linear) for M, N, K in linear_cases] if "linear" in only else []
     report["linear"] = linears
     print(f"\nfew-row linear x [M, K] @ W.T, bf16 (us); config {dataclasses.asdict(linear_mod.KERNEL_CONFIG)}")
     print_table(["M", "N", "K", "bound", "cuBLAS", "compiled", "ours", "vs cuBLAS", "vs compiled", "ours/bound",

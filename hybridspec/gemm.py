@@ -25,10 +25,9 @@ MAX_FEATURES = 4096
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`F.linear(x, weight)` (no bias) on `x` `[..., K]`, through `small_linear` on CUDA where the
     rows are few and the weight narrow. Where autograd records (the drafter's training forward) it
-    is `F.linear`: the op has no backward."""
+    is `F.linear`: the op has no backward (`fits` says no)."""
     flat = x.reshape(-1, x.shape[-1])
-    records = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    if x.is_cuda and not records and weight.shape[0] <= MAX_FEATURES and fits(flat, weight):
+    if x.is_cuda and weight.shape[0] <= MAX_FEATURES and fits(flat, weight):
         return small_linear(flat, weight).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight)
 

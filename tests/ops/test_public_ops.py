@@ -32,5 +32,6 @@ def test_every_public_op_is_callable_twice(device):
         assert torch.isfinite(conf).all() and torch.isfinite(ent).all()
         weights, ids = ops.route_topk(torch.randn(3, 20, device=device), 4)
         assert torch.isfinite(weights).all() and ids.shape == (3, 4)
+        assert torch.isfinite(ops.small_linear(torch.randn(3, 20, device=device), torch.randn(7, 20, device=device))).all()
     for name in hybridspec.ops.__all__:
         assert not isinstance(getattr(ops, name), type(hybridspec.ops)), f"hybridspec.ops.{name} is a module"
