@@ -10,7 +10,6 @@ op rather than `F.linear`.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -32,25 +31,15 @@ class LinearKernelConfig:
     """Tiles of `small_linear_kernel`; `benchmarks/bench_kernels.py --sweep` tries other values.
     `block_n` output features per program (N / block_n programs read the weight); `block_k` columns
     per loop step (halved for fp32, and shrunk until `num_stages` pipelined tiles fit in
-    `SMEM_BUDGET`); `split_k`: the programs that share one tile's K (their fp32 partials summed in
-    order by a second launch), at most K / block_k; 0 picks the smallest split that gives every SM
-    `programs_per_sm` programs (on the GPU; 1 under the interpreter). The row tile is
-    `max(16, next_pow2(M))`, not configurable."""
+    `SMEM_BUDGET`). The row tile is `max(16, next_pow2(M))`, not configurable."""
 
     block_n: int = 16
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 4
-    split_k: int = 0
-    programs_per_sm: int = 2
 
 
 KERNEL_CONFIG = LinearKernelConfig()
-
-
-@functools.cache
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _tiles(cfg: LinearKernelConfig, M: int, K: int, element_size: int) -> tuple[int, int, int]:
@@ -70,7 +59,7 @@ def _tiles(cfg: LinearKernelConfig, M: int, K: int, element_size: int) -> tuple[
 def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if not use_triton(x):
         return naive_linear.small_linear(x, weight)
-    from hybridspec.ops.linear_triton import small_linear_kernel, small_linear_sum_kernel
+    from hybridspec.ops.linear_triton import small_linear_kernel
 
     cfg = KERNEL_CONFIG
     M, K = x.shape
@@ -82,27 +71,15 @@ def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     else:
         # 16-bit operands ignore the setting on the GPU; interpreted they are upcast to fp32 first
         prec = "ieee" if interp16 else "tf32"
-    steps = -(-K // bk)
-    tiles = -(-N // bn) * -(-M // bm)
-    split = cfg.split_k or (-(-cfg.programs_per_sm * _sms(x.device) // tiles) if x.is_cuda else 1)
-    split = max(1, min(split, steps))
-    k_split = -(-steps // split) * bk
-    split = -(-K // k_split)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    part = out if split == 1 else torch.empty(split, M, N, dtype=torch.float32, device=x.device)
-    bf16_fix = TRITON_INTERPRET and x.dtype == torch.bfloat16
-    small_linear_kernel[(-(-N // bn), -(-M // bm), split)](
-        x, weight, part,
-        M, N, K, k_split,
+    small_linear_kernel[(-(-N // bn), -(-M // bm))](
+        x, weight, out,
+        M, N, K,
         x.stride(0), weight.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-        PRECISION=prec, UPCAST=interp16, INTERPRET_BF16=bf16_fix,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        PRECISION=prec, UPCAST=interp16, INTERPRET_BF16=TRITON_INTERPRET and x.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split > 1:
-        block = 1024
-        small_linear_sum_kernel[(-(-(M * N) // block),)](part, out, M * N, SPLIT_K=split, BLOCK=block,
-                                                        INTERPRET_BF16=bf16_fix)
     count_launch("small_linear")
     return out
 

@@ -6,15 +6,11 @@ picks tiles so wide along N that the grid has only ~20-30 CTAs on a 132-SM H200,
 the weight at ~0.6 TB/s. Here one program owns BLOCK_N output features, so ~N / BLOCK_N programs
 (80-130 at these shapes) read the weight, each its own rows once.
 
-`small_linear_kernel`, grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K): each program multiplies
-its BLOCK_M rows of `x` (all of them for M <= 64) by a BLOCK_N-row tile of the weight over its
-share of K (K_SPLIT columns, a multiple of BLOCK_K), walking it in BLOCK_K steps with fp32
-accumulation. With SPLIT_K = 1 it stores the sum rounded once to the output dtype; otherwise it
-stores its fp32 partial sum in `part` `[SPLIT_K, M, N]`, and `small_linear_sum_kernel` adds the
-partials in split order and rounds once. Split-K multiplies the programs that stream the weight
-(one program streams only ~14 GB/s: 81 of them read a 5 MB weight at 0.6 TB/s). Tails of M, N and
-K are masked loads of zeros. No atomics: each output is summed in a fixed order, so a result is the
-same on every run.
+`small_linear_kernel`, grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)): each program multiplies its
+BLOCK_M rows of `x` (all of them for M <= 64) by a BLOCK_N-row tile of the weight, walking K in
+BLOCK_K steps, with fp32 accumulation, and stores the sum rounded once to the output dtype. Tails
+of M, N and K are masked loads of zeros. No split-K and no atomics: each output is summed by one
+program in a fixed order, so a result is the same on every run.
 """
 
 from __future__ import annotations
@@ -28,14 +24,13 @@ from hybridspec.ops.moe_triton import _round_bf16
 @triton.jit
 def small_linear_kernel(
     x_ptr, w_ptr, out_ptr,
-    M, N, K, K_SPLIT,
+    M, N, K,
     s_xm, s_wn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr,
 ):
     i_n = tl.program_id(0)
     i_m = tl.program_id(1)
-    i_k = tl.program_id(2)
     rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -44,8 +39,7 @@ def small_linear_kernel(
     x_base = x_ptr + rows[:, None].to(tl.int64) * s_xm
     w_base = w_ptr + cols[:, None].to(tl.int64) * s_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_first = i_k * K_SPLIT
-    for k0 in range(k_first, tl.minimum(k_first + K_SPLIT, K), BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         ck = k0 + tl.arange(0, BLOCK_K)
         k_ok = ck < K
         x = tl.load(x_base + ck[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
@@ -55,28 +49,8 @@ def small_linear_kernel(
             x = x.to(tl.float32)
             w = w.to(tl.float32)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
-    at = rows[:, None] * N + cols[None, :]
-    ok = row_ok[:, None] & col_ok[None, :]
-    if SPLIT_K > 1:
-        # out_ptr is the fp32 partials [SPLIT_K, M, N]
-        tl.store(out_ptr + i_k * M * N + at, acc, mask=ok)
-    else:
-        # the interpreter's fp32 -> bf16 cast truncates; the GPU's rounds to nearest even
-        if INTERPRET_BF16:
-            acc = _round_bf16(acc)
-        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def small_linear_sum_kernel(
-    part_ptr, out_ptr, MN,
-    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-):
-    at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = at < MN
-    acc = tl.load(part_ptr + at, mask=ok, other=0.0)
-    for s in range(1, SPLIT_K):
-        acc += tl.load(part_ptr + s * MN + at, mask=ok, other=0.0)
+    # the interpreter's fp32 -> bf16 cast truncates; the GPU's rounds to nearest even
     if INTERPRET_BF16:
         acc = _round_bf16(acc)
-    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    out = out_ptr + rows[:, None] * N + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
