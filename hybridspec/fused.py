@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec import gemm, parallel
+from hybridspec import parallel
 
 PREFIX = "_hybridspec_fused_"
 # fused weights end on a multiple of this many rows (zero rows after the last linear's): the GEMM's
@@ -164,14 +164,14 @@ def fused_weight(parent: nn.Module, name: str) -> torch.Tensor | None:
 
 
 def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor,
-            skip: int = 0) -> list[torch.Tensor] | None:
-    """The outputs of `linears[skip:]` on `x` as one GEMM over their rows of the fused weight (to
-    its end, padding included, then split off); None where the group is not fused (the caller runs
-    its linears as they are)."""
+            skip: int = 0, gemm=F.linear) -> list[torch.Tensor] | None:
+    """The outputs of `linears[skip:]` on `x` as one GEMM (`gemm(x, weight)`) over their rows of the
+    fused weight (to its end, padding included, then split off); None where the group is not fused
+    (the caller runs its linears as they are)."""
     stacked = fused_weight(parent, name)
     if stacked is None:
         return None
     first = sum(lin.weight.shape[0] for lin in linears[:skip])
     sizes = [lin.weight.shape[0] for lin in linears[skip:]]
-    out = gemm.linear(x, stacked[first:]).split([*sizes, stacked.shape[0] - first - sum(sizes)], dim=-1)
+    out = gemm(x, stacked[first:]).split([*sizes, stacked.shape[0] - first - sum(sizes)], dim=-1)
     return list(out[:-1])

@@ -6,9 +6,8 @@ collective, around a local matmul). Its own forward, our prefill, runs through t
 verification forward does not: for a sharded weight it multiplies by the local shard itself and
 issues the collective the style would, as a plain `torch.distributed` call (gloo on CPU, NCCL on
 GPU), which a CUDA graph captures and dynamo traces, and which costs no DTensor dispatch on the
-host. For a weight that is not a `DTensor` every function here calls the module as it is (a plain
-linear through `hybridspec.gemm.call`, which picks the GEMM kernel for few rows), so an unsharded
-model computes exactly what it did before.
+host. For a weight that is not a `DTensor` every function here calls the module as it is, so an
+unsharded model runs exactly as before.
 
 Shards are even (`patches.tp.check_sharding` refuses others), so rank r of a group of n holds rows
 `r * s .. (r + 1) * s - 1` of a dimension of size `n * s`.
@@ -20,8 +19,6 @@ import hashlib
 
 import torch
 import torch.nn.functional as F
-
-from hybridspec import gemm
 
 if torch.distributed.is_available():
     import torch.distributed as dist
@@ -81,7 +78,7 @@ def column(linear, x: torch.Tensor, gather: bool) -> torch.Tensor:
     output features, or, with `gather` ("colwise_gather_output"), all of them."""
     w = linear.weight
     if not isinstance(w, DTensor):
-        return gemm.call(linear, x)
+        return linear(x)
     y = F.linear(x, w.to_local(), local(linear.bias))
     return gather_last(y, group_of(w)) if gather and is_sharded(w) else y
 
@@ -111,7 +108,7 @@ def row(linear, x: torch.Tensor) -> torch.Tensor:
     rank's slice of them; the partial products are summed over the group, then the bias added once."""
     w = linear.weight
     if not isinstance(w, DTensor):
-        return gemm.call(linear, x)
+        return linear(x)
     y = row_partial(linear, x)
     if is_sharded(w):
         all_reduce(y, group_of(w))

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, apply_rotary_pos_emb, rotate_half
 
-from hybridspec import gemm
 from hybridspec.cache import compiled_once
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.fused import fuse, project
@@ -116,7 +115,7 @@ class DFlashAttention(nn.Module):
                 # it reads rows start..L+W-1 only, where SDPA read every row of the cache under a mask
                 out = decode_attention(q.transpose(1, 2), past_k, past_v, block.length, scale=self.scaling,
                                        starts=block.start, causal=self.is_causal)  # [B, T, Hq, d]
-                return gemm.call(self.o_proj, out.reshape(B, T, -1))
+                return self.o_proj(out.reshape(B, T, -1))
             k, v = past_k, past_v
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
@@ -144,7 +143,7 @@ def mlp_forward(mlp: Qwen3MLP, x: torch.Tensor) -> torch.Tensor:
     if fused is None:
         return mlp(x)
     gate, up = fused
-    return gemm.call(mlp.down_proj, mlp.act_fn(gate) * up)
+    return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 def fuse_layers(layers) -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.activations import ACT2FN
 
-from hybridspec import gemm, parallel
+from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.fused import project
-from hybridspec.ops import decode_attention, gdn_verify, route_topk
+from hybridspec.ops import decode_attention, gdn_verify, route_topk, small_linear
+from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.state import GDNSlot
 
@@ -96,7 +98,7 @@ def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> t
         # cannot trace; verification never returns router logits)
         _, weights, ids = mlp.gate.forward(flat)
     else:
-        weights, ids = route_logits(family, mlp.gate, gemm.linear(flat, mlp.gate.weight))
+        weights, ids = route_logits(family, mlp.gate, moe_gemm(flat, mlp.gate.weight))
     return ids.view(B, w, -1), weights.view(B, w, -1)
 
 
@@ -144,7 +146,7 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     shared = mlp.shared_expert
     # the shared expert's gate and up projections and its sigmoid gate in one GEMM, over their rows
     # of the block's fused weight (after the router's); fused only where it is whole on every rank
-    fused = shared_in or project(mlp, "moe", moe_linears(mlp), flat, skip=1)
+    fused = shared_in or project(mlp, "moe", moe_linears(mlp), flat, skip=1, gemm=moe_gemm)
     down = mlp.experts.down_proj
     # under tensor parallelism this rank ran its slice of every expert's width: a partial sum
     group = parallel.group_of(down) if parallel.is_sharded(down) else None
@@ -155,12 +157,33 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         return parallel.all_reduce(routed + partial, group).reshape(B, w, H)
     if fused is not None:
         g, u, gate = fused
-        out = torch.sigmoid(gate) * gemm.call(shared.down_proj, shared.act_fn(g) * u)
+        out = torch.sigmoid(gate) * _down(shared.down_proj, shared.act_fn(g) * u)
     else:
         out = torch.sigmoid(mlp.shared_expert_gate(flat)) * dense_mlp(shared, flat)
     if group is not None:
         routed = parallel.all_reduce(routed, group)
     return (routed + out).reshape(B, w, H)
+
+
+def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, weight)` for the MoE block's narrow weights (the router with the shared expert's
+    projections, 1,296 rows at the 35B-A3B shape; the router's rows alone in Stage 0; the shared
+    expert's down projection), on `small_linear` on CUDA where it takes the inputs: 1.16x / 1.14x
+    cuBLAS at one row on an H200, timed chained over cold weights in one graph as a step runs them
+    (docs/benchmarks.md, "Few-row linear"). Wider projections keep cuBLAS, which is as fast there.
+    Where autograd records, `fits` says no: the op has no backward."""
+    flat = x.reshape(-1, x.shape[-1])
+    if x.is_cuda and fits(flat, weight):
+        return small_linear(flat, weight).view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight)
+
+
+def _down(linear, x: torch.Tensor) -> torch.Tensor:
+    """The shared expert's down projection: `moe_gemm` for a plain bias-free `nn.Linear` without
+    hooks; anything else (a hook, an adapter in its place) runs as it is."""
+    if type(linear) is nn.Linear and linear.bias is None and not linear._forward_hooks and not linear._forward_pre_hooks:
+        return moe_gemm(x, linear.weight)
+    return linear(x)
 
 
 def moe_linears(mlp) -> tuple:
@@ -189,7 +212,7 @@ def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
     router and the shared expert's input projections are one GEMM."""
     if not is_sparse_moe(mlp):
         return dense_mlp(mlp, x)
-    fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, x.shape[-1]))
+    fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, x.shape[-1]), gemm=moe_gemm)
     logits, shared_in = (fused[0], fused[1:]) if fused is not None else (None, None)
     ids, weights = route(family, mlp, x, logits)
     if routing is not None:

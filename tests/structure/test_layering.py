@@ -12,22 +12,20 @@ import hybridspec
 ROOT = Path(hybridspec.__file__).parent
 # lower ranks may not import higher ones; one rank may import itself
 RANK = {
-    "cache": 0, "_hints": 0, "inputs": 0,
+    "cache": 0, "_hints": 0, "inputs": 0, "parallel": 0,
     "ops": 1,
-    "gemm": 2,
-    "parallel": 3,
-    "state": 4, "experts": 4, "fused": 4,
-    "patches": 5, "drafter": 5,
-    "policy": 6, "fingerprint": 6,
-    "round": 7,
-    "runner": 8, "sim": 8,
-    "loading": 7,
-    "generation": 9,
-    "calibration": 10, "sharding": 10,
-    "api": 11, "shapes": 11, "tiny": 11, "bench_report": 11, "bench_plots": 11,
-    "bench": 12, "training": 12,
-    "cli": 13,
-    "__main__": 14, "__init__": 14,
+    "state": 2, "experts": 2, "fused": 2,
+    "patches": 3, "drafter": 3,
+    "policy": 4, "fingerprint": 4,
+    "round": 5,
+    "runner": 6, "sim": 6,
+    "loading": 5,
+    "generation": 7,
+    "calibration": 8, "sharding": 8,
+    "api": 9, "shapes": 9, "tiny": 9, "bench_report": 9, "bench_plots": 9,
+    "bench": 10, "training": 10,
+    "cli": 11,
+    "__main__": 12, "__init__": 12,
 }
 DECODING_PATH = ["generation", "runner", "round", "patches", "state.py", "policy.py"]
 
