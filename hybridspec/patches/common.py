@@ -110,9 +110,9 @@ def route_logits(family, router, logits: torch.Tensor) -> tuple[torch.Tensor, to
     On CUDA one `route_topk` launch instead of aten's softmax, gatherTopK, bitonic sort, division
     and cast (about 15 us a layer at one row on an H200). It picks the same experts as CUDA's
     `torch.topk`, ties included: gatherTopK keeps the lowest indices among probabilities tied at
-    the k-th place, as the kernel does (measured over 393,216 bf16 rows holding 42,924 such ties:
+    the k-th place, as the kernel does (measured over 393,216 bf16 rows holding 43,037 such ties:
     `benchmarks/route_ties.py`). The weights are the same but where the kernel's `exp` differs in
-    the last bit (at most 14 rows in 65,536), and the slot order can differ among exactly equal weights
+    the last bit (at most 11 rows in 65,536), and the slot order can differ among exactly equal weights
     only, so the experts' weighted sum adds the same terms in another order. On the CPU
     `torch.topk` breaks such ties its own way, so the CPU keeps transformers' ops."""
     normalize = family.router_normalizes(router)
