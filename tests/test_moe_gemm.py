@@ -1,4 +1,4 @@
-"""`patches.common.moe_gemm` / `_down`: the MoE block's narrow GEMMs. On the GPU they take
+"""`patches.common.moe_gemm` / `_down`: the MoE block's narrow GEMMs (and its router tail on CUDA). On the GPU they take
 `small_linear` where it accepts the inputs; a hooked or biased down projection, more than 64 rows,
 or a product autograd records run as before; on the CPU `F.linear`."""
 
@@ -28,6 +28,10 @@ def test_cpu_is_f_linear_and_hooks_run():
     lin.register_forward_hook(lambda *a: seen.append(1))
     assert torch.equal(_down(lin, x), lin(x))
     assert seen == [1, 1], "a hooked down projection must run through its module call"
+    # an instance-level forward (transformers' tensor-parallel styles, accelerate's hooks install one)
+    other = nn.Linear(16, 8, bias=False)
+    other.forward = lambda t: nn.Linear.forward(other, t) * 2
+    assert torch.equal(_down(other, x), 2 * F.linear(x, other.weight))
 
 
 @pytest.mark.gpu
@@ -49,3 +53,21 @@ def test_cuda_takes_small_linear_where_it_applies(dtype):
     # autograd records (a training forward): the op has no backward
     assert _launches(lambda: moe_gemm(x, lin.weight).float().sum().backward()) == 0
     assert lin.weight.grad is not None
+
+
+@pytest.mark.gpu
+def test_cuda_router_tail_takes_route_topk_but_not_under_autograd():
+    from types import SimpleNamespace
+
+    from hybridspec.patches.common import route_logits
+
+    family, router = SimpleNamespace(router_normalizes=lambda r: True), SimpleNamespace(top_k=8)
+    logits = torch.randn(16, 256, device="cuda")
+    before = launch_counts["route_topk"]
+    with torch.no_grad():
+        weights, ids = route_logits(family, router, logits)
+    assert launch_counts["route_topk"] == before + 1 and ids.shape == weights.shape == (16, 8)
+    trained = logits.clone().requires_grad_()
+    weights, _ = route_logits(family, router, trained)
+    weights.sum().backward()
+    assert launch_counts["route_topk"] == before + 1 and trained.grad is not None

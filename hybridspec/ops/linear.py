@@ -94,13 +94,18 @@ def _last_dim_ok(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 or t.shape[1] == 1
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def fits(x2d: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `small_linear(x2d, weight)` accepts these inputs and would run the Triton kernel
     (CUDA tensors, or CPU tensors under `TRITON_INTERPRET=1`); never raises. For a caller that
     picks between this op and `F.linear`. Inputs that would record a graph for backward do not
-    fit: the op has no autograd formula."""
+    fit: the op has no autograd formula. Nor do tensor subclasses (a DTensor shard, a quantized
+    weight): the kernel reads plain strided memory."""
     return (
-        x2d.dim() == 2 and weight.dim() == 2
+        type(x2d) in _PLAIN and type(weight) in _PLAIN
+        and x2d.dim() == 2 and weight.dim() == 2
         and 1 <= x2d.shape[0] <= MAX_ROWS and x2d.shape[1] >= 1
         and weight.shape[0] >= 1 and weight.shape[1] == x2d.shape[1]
         and x2d.dtype in FLOAT_INPUTS and weight.dtype == x2d.dtype

@@ -85,8 +85,8 @@ def is_sparse_moe(mlp) -> bool:
 
 def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The block's router on `[B, w, H]` -> expert ids and routing weights `[B, w, k]`: its GEMM
-    (or `logits` `[B * w, E]`, where the caller ran it in the block's fused GEMM), then transformers'
-    softmax, top-k and renormalisation (`route_logits`)."""
+    (or `logits` `[B * w, E]`, where the caller ran it in the block's fused GEMM), then the
+    router's softmax, top-k and renormalisation (`route_logits`)."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
     if logits is not None:
@@ -111,12 +111,15 @@ def route_logits(family, router, logits: torch.Tensor) -> tuple[torch.Tensor, to
     and cast (about 15 us a layer at one row on an H200). It picks the same experts as CUDA's
     `torch.topk`, ties included: gatherTopK keeps the lowest indices among probabilities tied at
     the k-th place, as the kernel does (measured over 393,216 bf16 rows holding 43,037 such ties:
-    `benchmarks/route_ties.py`). The weights are the same but where the kernel's `exp` differs in
+    `benchmarks/route_ties.py`; docs/design.md, "route_topk", says which of aten's top-k kernels
+    those rows ran). The weights are the same but where the kernel's `exp` differs in
     the last bit (at most 11 rows in 65,536), and the slot order can differ among exactly equal weights
     only, so the experts' weighted sum adds the same terms in another order. On the CPU
     `torch.topk` breaks such ties its own way, so the CPU keeps transformers' ops."""
     normalize = family.router_normalizes(router)
-    if logits.is_cuda and logits.shape[-1] <= MAX_EXPERTS:
+    # the op has no backward: a forward that autograd records keeps torch's ops
+    records = torch.is_grad_enabled() and logits.requires_grad
+    if logits.is_cuda and logits.shape[-1] <= MAX_EXPERTS and not records:
         return route_topk(logits, router.top_k, normalize=normalize)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
     top, ids = torch.topk(probs, router.top_k, dim=-1)
@@ -169,8 +172,9 @@ def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`F.linear(x, weight)` for the MoE block's narrow weights (the router with the shared expert's
     projections, 1,296 rows at the 35B-A3B shape; the router's rows alone in Stage 0; the shared
     expert's down projection), on `small_linear` on CUDA where it takes the inputs: 1.16x / 1.14x
-    cuBLAS at one row on an H200, timed chained over cold weights in one graph as a step runs them
-    (docs/benchmarks.md, "Few-row linear"). Wider projections keep cuBLAS, which is as fast there.
+    cuBLAS at one row on an H200, timed chained over cold weights in one graph (docs/benchmarks.md,
+    "Few-row linear"); inside the runner's profile both take 8.8 us, so the gain there is within
+    noise. Wider projections keep cuBLAS, which was as fast or faster there.
     Where autograd records, `fits` says no: the op has no backward."""
     flat = x.reshape(-1, x.shape[-1])
     if x.is_cuda and fits(flat, weight):
@@ -180,8 +184,11 @@ def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def _down(linear, x: torch.Tensor) -> torch.Tensor:
     """The shared expert's down projection: `moe_gemm` for a plain bias-free `nn.Linear` without
-    hooks; anything else (a hook, an adapter in its place) runs as it is."""
-    if type(linear) is nn.Linear and linear.bias is None and not linear._forward_hooks and not linear._forward_pre_hooks:
+    hooks or an instance-level `forward` (transformers' tensor-parallel styles and accelerate's
+    hooks install one); anything else (an adapter in its place, a sharded weight) runs as it is."""
+    plain = (type(linear) is nn.Linear and linear.bias is None and "forward" not in vars(linear)
+             and not isinstance(linear.weight, parallel.DTensor))
+    if plain and not linear._forward_hooks and not linear._forward_pre_hooks:
         return moe_gemm(x, linear.weight)
     return linear(x)
 

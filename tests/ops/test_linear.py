@@ -134,6 +134,12 @@ def test_fits():
     with torch.no_grad():
         assert fits(x, w.clone().requires_grad_()) == use_triton(x)
 
+    class Wrapped(torch.Tensor):
+        """A tensor subclass (as a DTensor or a quantized weight is one): not plain strided memory."""
+
+    assert not fits(x, w.as_subclass(Wrapped)) and not fits(x.as_subclass(Wrapped), w)
+    assert fits(x, torch.nn.Parameter(w.clone(), requires_grad=False)) == use_triton(x)
+
 
 @pytest.mark.parametrize(
     "change, match",
