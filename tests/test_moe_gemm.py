@@ -1,6 +1,6 @@
-"""`patches.common.moe_gemm` / `_down`: the MoE block's narrow GEMMs (and its router tail on CUDA). On the GPU they take
-`small_linear` where it accepts the inputs; a hooked or biased down projection, more than 64 rows,
-or a product autograd records run as before; on the CPU `F.linear`."""
+"""`patches.common.moe_gemm` / `_down`: the MoE block's narrow GEMMs, and its router tail on CUDA.
+On the GPU the GEMMs take `small_linear` where it accepts the inputs; a hooked or biased down
+projection, more than 64 rows, or a product autograd records run as before; on the CPU `F.linear`."""
 
 from __future__ import annotations
 
