@@ -44,6 +44,12 @@ def _padded(rows: int) -> int:
     return -(-rows // ROW_ALIGN) * ROW_ALIGN
 
 
+def plain_linear(lin: nn.Module) -> bool:
+    """A bias-free `nn.Linear` itself (not a subclass or a wrapper such as a LoRA adapter) without
+    forward hooks: what it computes is `F.linear(x, weight)`, so a caller may run that instead."""
+    return type(lin) is nn.Linear and lin.bias is None and not lin._forward_hooks and not lin._forward_pre_hooks
+
+
 def _fusable(linears: Sequence[nn.Module], linear_like: tuple = ()) -> bool:
     """Plain bias-free `nn.Linear`s without forward hooks (a hook, or a wrapper such as a LoRA
     adapter in the module's place, changes what the module computes), or modules of `linear_like`
@@ -52,8 +58,7 @@ def _fusable(linears: Sequence[nn.Module], linear_like: tuple = ()) -> bool:
     and input width, none sharded."""
     first = linears[0].weight
     return isinstance(first, nn.Parameter) and all(
-        ((type(lin) is nn.Linear and lin.bias is None and not lin._forward_hooks and not lin._forward_pre_hooks)
-         or type(lin) in linear_like)
+        (plain_linear(lin) or type(lin) in linear_like)
         and isinstance(lin.weight, nn.Parameter) and not isinstance(lin.weight, parallel.DTensor)
         and lin.weight.dim() == 2 and lin.weight.dtype == first.dtype and lin.weight.device == first.device
         and lin.weight.shape[1] == first.shape[1] and lin.weight.device.type != "meta"

@@ -16,12 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from hybridspec.ops import naive_attention
-from hybridspec.ops.checks import FLOAT_INPUTS, check, check_lengths, next_pow2
+from hybridspec.ops.checks import FLOAT_INPUTS, check, check_lengths, dot_precision, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
 
 MAX_HEAD_DIM = 256
-# fp32 dots on the GPU: 3xTF32 (plain TF32 misses the 1e-5 tests); the interpreter computes ieee
-GPU_DOT_PRECISION = "tf32x3"
 
 
 @dataclass
@@ -85,14 +83,6 @@ def launch_plan(cfg: AttentionKernelConfig, B: int, W: int, Hq: int, Hkv: int, S
     }
 
 
-def _precision(q: torch.Tensor, upcast: bool) -> str:
-    """fp32 operands: 3xTF32 on the GPU, ieee under the interpreter (also for the 16-bit operands it
-    upcasts); 16-bit operands on the GPU ignore the setting."""
-    if q.dtype == torch.float32:
-        return GPU_DOT_PRECISION if q.is_cuda and not TRITON_INTERPRET else "ieee"
-    return "ieee" if upcast else "tf32"
-
-
 @torch.library.custom_op("hybridspec::decode_attention", mutates_args=(), device_types=None)
 def _decode_attention_op(
     q: torch.Tensor,
@@ -130,7 +120,7 @@ def _decode_attention_op(
         s_len, s_start,
         W=W, G=G, HKV=Hkv, D=D, DP=DP, BM=plan["BM"], BN=plan["BN"], SPLITS=splits, HAS_START=starts is not None,
         CAUSAL=causal,
-        PRECISION=_precision(q, interp16),
+        PRECISION=dot_precision(q),
         UPCAST=interp16, ROUND_BF16=interp16 and q.dtype == torch.bfloat16,
         num_warps=plan["num_warps"], num_stages=plan["num_stages"],
     )

@@ -1,11 +1,25 @@
 """What the ops' validating wrappers and launch plans share: the accepted float dtypes, the check
-that raises `ValueError`, the integer-tensor test and the power-of-two rounding of tile sizes."""
+that raises `ValueError`, the integer-tensor test, the power-of-two rounding of tile sizes and the
+precision of `tl.dot`."""
 
 from __future__ import annotations
 
 import torch
 
+from hybridspec.ops.dispatch import TRITON_INTERPRET
+
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+# fp32 `tl.dot` on the GPU: plain TF32 misses the 1e-5 tests, `ieee` spills registers at K = 128
+GPU_DOT_PRECISION = "tf32x3"
+
+
+def dot_precision(t: torch.Tensor) -> str:
+    """`tl.dot`'s input precision for operands of `t`'s dtype and device: fp32 in 3xTF32 on the GPU;
+    `ieee` under the interpreter (where 16-bit operands are upcast to fp32 first); 16-bit operands
+    on the GPU ignore it."""
+    if t.dtype == torch.float32:
+        return GPU_DOT_PRECISION if t.is_cuda and not TRITON_INTERPRET else "ieee"
+    return "ieee" if TRITON_INTERPRET else "tf32"
 
 
 def check(cond: bool, msg: str) -> None:

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from hybridspec.ops import naive_linear
-from hybridspec.ops.checks import FLOAT_INPUTS, check, next_pow2
+from hybridspec.ops.checks import FLOAT_INPUTS, check, dot_precision, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
-from hybridspec.ops.lm_head import GPU_DOT_PRECISION
 
 # one program holds every row: the row tile is at most 64
 MAX_ROWS = 64
@@ -66,11 +65,7 @@ def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     N = weight.shape[0]
     bm, bn, bk = _tiles(cfg, M, K, x.element_size())
     interp16 = TRITON_INTERPRET and x.dtype != torch.float32
-    if x.dtype == torch.float32:
-        prec = GPU_DOT_PRECISION if x.is_cuda and not TRITON_INTERPRET else "ieee"
-    else:
-        # 16-bit operands ignore the setting on the GPU; interpreted they are upcast to fp32 first
-        prec = "ieee" if interp16 else "tf32"
+    prec = dot_precision(x)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     small_linear_kernel[(-(-N // bn), -(-M // bm))](
         x, weight, out,

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from hybridspec.ops import naive_lm_head
-from hybridspec.ops.checks import FLOAT_INPUTS, check, next_pow2
+from hybridspec.ops.checks import FLOAT_INPUTS, check, dot_precision, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
 
-GPU_DOT_PRECISION = "tf32x3"
 _ROUND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -64,10 +63,7 @@ def _lm_head_top1_op(
     rnd = _ROUND[weight.dtype]
     if TRITON_INTERPRET and rnd == 1:
         rnd = 3
-    if weight.dtype == torch.float32:
-        prec = GPU_DOT_PRECISION if hidden.is_cuda and not TRITON_INTERPRET else "ieee"
-    else:
-        prec = "ieee" if interp16 else "tf32"
+    prec = dot_precision(weight)
     parts = [torch.empty(tiles, N, dtype=torch.float32, device=hidden.device) for _ in range(3)]
     idx = torch.empty(tiles, N, dtype=torch.int32, device=hidden.device)
     lm_head_partial_kernel[(tiles, -(-N // bm))](

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from transformers.activations import ACT2FN
 
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
-from hybridspec.fused import project
+from hybridspec.fused import plain_linear, project
 from hybridspec.ops import decode_attention, gdn_verify, route_topk, small_linear
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
@@ -186,9 +185,7 @@ def _down(linear, x: torch.Tensor) -> torch.Tensor:
     """The shared expert's down projection: `moe_gemm` for a plain bias-free `nn.Linear` without
     hooks or an instance-level `forward` (transformers' tensor-parallel styles and accelerate's
     hooks install one); anything else (an adapter in its place, a sharded weight) runs as it is."""
-    plain = (type(linear) is nn.Linear and linear.bias is None and "forward" not in vars(linear)
-             and not isinstance(linear.weight, parallel.DTensor))
-    if plain and not linear._forward_hooks and not linear._forward_pre_hooks:
+    if plain_linear(linear) and "forward" not in vars(linear) and not isinstance(linear.weight, parallel.DTensor):
         return moe_gemm(x, linear.weight)
     return linear(x)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybridspec.fused import fuse, fused_weight, unfuse_group
+from hybridspec.fused import fuse, unfuse_group
 from hybridspec.patches.common import is_sparse_moe, moe_linears
 
 
@@ -21,12 +21,11 @@ def groups(family, model):
             yield layer.mlp, "moe", moe_linears(layer.mlp)
 
 
-def fuse_model(family, model) -> list[int]:
+def fuse_model(family, model) -> int:
     """Fuse every group (or re-link one whose weights were replaced since: `hybridspec.fused`);
-    cheap when nothing changed, so every `generate` call runs it. Returns the fused weights'
-    addresses (the runner captures again when any weight it reads moved, these among them)."""
-    return [fused_weight(parent, name).data_ptr() for parent, name, linears in groups(family, model)
-            if fuse(parent, name, linears, family.ROUTERS)]
+    cheap when nothing changed, so every `generate` call runs it. Returns how many groups are fused
+    (the runner captures again when any buffer it reads moved, the fused weights among them)."""
+    return sum(fuse(parent, name, linears, family.ROUTERS) for parent, name, linears in groups(family, model))
 
 
 def unfuse_model(family, model) -> None:

@@ -19,9 +19,9 @@ from collections import deque
 
 import torch
 
+from hybridspec.cache import compiled_once
 from hybridspec.drafter.protocol import CompilableDrafter, DeviceDrafter
 from hybridspec.parallel import model_group
-from hybridspec.cache import compiled_once
 from hybridspec.patches.forward import EAGER, Blocks, empty_state
 from hybridspec.round.accept import process_positions
 from hybridspec.round.cond import CondVerify
