@@ -55,10 +55,13 @@ def hybridspec_experts_forward(
     top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor,
     num_tokens: torch.Tensor | None = None,
+    shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Signature of transformers' experts functions: `self` is the experts module, `hidden_states`
     `[T, H]`, `top_k_index` / `top_k_weights` `[T, k]`; returns `[T, H]` in the hidden dtype.
-    `num_tokens` (hybridspec's own callers): rows past it are zero and read no expert.
+    `num_tokens` (hybridspec's own callers): rows past it are zero and read no expert. `shared`
+    (hybridspec's own callers, unsharded experts): the block's shared expert and gate logits, which
+    the op adds as transformers' sparse MoE block does (`moe_experts`' `shared`).
 
     Under transformers' tensor-parallel plan the weights are this rank's slice of every expert's
     width and the result is this rank's partial sum: transformers' experts hook swaps in the local
@@ -67,7 +70,8 @@ def hybridspec_experts_forward(
     _check_supported(self)
     gate_up, down = local(self.gate_up_proj), local(self.down_proj)
     out = moe_experts(
-        hidden_states.to(gate_up.dtype), top_k_index, top_k_weights, gate_up, down, num_tokens=num_tokens
+        hidden_states.to(gate_up.dtype), top_k_index, top_k_weights, gate_up, down, num_tokens=num_tokens,
+        shared=shared,
     )
     return out.to(hidden_states.dtype)
 

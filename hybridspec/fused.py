@@ -8,8 +8,8 @@ weight, their rows stacked, costs one. The verification forward fuses:
 - GDN: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (Qwen3.5/3.6) or `in_proj_qkvz`,
   `in_proj_ba` (Qwen3-Next);
 - attention: `q_proj`, `k_proj`, `v_proj`;
-- sparse MoE: the router, the shared expert's `gate_proj` and `up_proj` and the block's
-  `shared_expert_gate`.
+- sparse MoE: the router, the block's `shared_expert_gate`, and the shared expert's `gate_proj`
+  and `up_proj` (whose rows the experts op reads as one more expert's `[2I, H]` weight).
 
 Stored once: `fuse` stacks the weights into one tensor, a non-persistent buffer of the parent
 module (it moves with `model.to` and stays out of `state_dict`), and makes each linear's `weight`
@@ -169,14 +169,17 @@ def fused_weight(parent: nn.Module, name: str) -> torch.Tensor | None:
 
 
 def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor,
-            skip: int = 0, gemm=F.linear) -> list[torch.Tensor] | None:
-    """The outputs of `linears[skip:]` on `x` as one GEMM (`gemm(x, weight)`) over their rows of the
-    fused weight (to its end, padding included, then split off); None where the group is not fused
-    (the caller runs its linears as they are)."""
+            skip: int = 0, gemm=F.linear, take: int | None = None) -> list[torch.Tensor] | None:
+    """The outputs of `linears[skip:]` (or `linears[skip:skip + take]`) on `x` as one GEMM
+    (`gemm(x, weight)`) over their rows of the fused weight (to its end, or with `take` to the next
+    multiple of `ROW_ALIGN` rows within it; padding then split off); None where the group is not
+    fused (the caller runs its linears as they are)."""
     stacked = fused_weight(parent, name)
     if stacked is None:
         return None
     first = sum(lin.weight.shape[0] for lin in linears[:skip])
-    sizes = [lin.weight.shape[0] for lin in linears[skip:]]
-    out = gemm(x, stacked[first:]).split([*sizes, stacked.shape[0] - first - sum(sizes)], dim=-1)
+    chosen = linears[skip:] if take is None else linears[skip : skip + take]
+    sizes = [lin.weight.shape[0] for lin in chosen]
+    end = stacked.shape[0] if take is None else min(stacked.shape[0], first + _padded(sum(sizes)))
+    out = gemm(x, stacked[first:end]).split([*sizes, end - first - sum(sizes)], dim=-1)
     return list(out[:-1])

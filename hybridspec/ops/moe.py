@@ -77,8 +77,9 @@ def piece_rows(T: int) -> int:
     return BLOCK_ROWS if T <= BLOCK_ROWS else min(MAX_PIECE_ROWS, next_pow2(T))
 
 
-def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, use_pdl, BM):
-    """Run the three kernels on one piece of at most BM rows; `out` is that piece's rows."""
+def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y, out, use_pdl, BM):
+    """Run the three kernels on one piece of at most BM rows; `out` is that piece's rows.
+    `shared`: the shared expert's `(gate_up [2I, H], down [H, I], gate logits [rows, 1])`, or None."""
     from hybridspec.ops.moe_triton import moe_down_kernel, moe_gate_up_kernel, moe_reduce_kernel
 
     cfg = KERNEL_CONFIG
@@ -95,30 +96,34 @@ def _launch_piece(x, ids, wts, gate_up, down, num_tokens, row_off, h, y, out, us
     # fp32 operands need ieee (the default is tf32); 16-bit operands ignore the setting
     prec = "ieee" if gate_up.dtype == torch.float32 or interp_bf16 else "tf32"
     launch_pdl = {"launch_pdl": True} if use_pdl else {}
+    has_s = shared is not None
+    # without a shared expert its pointers are never read: any tensor of the right dtype
+    s_gate_up, s_down, s_gate = shared if has_s else (gate_up, down, wts)
+    slots = T * K + has_s
     block_h = cfg.gate_up_block_h if BM <= BLOCK_ROWS else min(cfg.gate_up_block_h, WIDE_PIECE_BLOCK_H)
     bn, bk = _block(cfg.gate_up_block_i, I), _block(block_h, H)
-    moe_gate_up_kernel[(T * K, I // bn)](
-        x, ids, nt, gate_up, h,
+    moe_gate_up_kernel[(slots, I // bn)](
+        x, ids, nt, gate_up, s_gate_up, h,
         T, E, row_off, x.stride(0),
         H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk,
-        HAS_NUM_TOKENS=has_n, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
+        HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
         num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages,
     )
     count_launch("moe_gate_up")
     bn, bk = _block(cfg.down_block_h, H), _block(cfg.down_block_i, I)
-    moe_down_kernel[(T * K, H // bn)](
-        h, ids, nt, down, y,
+    moe_down_kernel[(slots, H // bn)](
+        h, ids, nt, down, s_down, y,
         T, E, row_off,
         H=H, I=I, K=K, BM=BM, SP=SP, BN=bn, BK=bk,
-        HAS_NUM_TOKENS=has_n, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
+        HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
         num_warps=cfg.down_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
     count_launch("moe_down")
     bn = _block(cfg.reduce_block_h, H)
     moe_reduce_kernel[(T, H // bn)](
-        y, ids, wts, nt, out,
-        T, E, row_off, wts.stride(0), wts.stride(1), out.stride(0),
-        H=H, K=K, BN=bn, HAS_NUM_TOKENS=has_n,
+        y, ids, wts, nt, s_gate, out,
+        T, E, row_off, wts.stride(0), wts.stride(1), s_gate.stride(0), out.stride(0),
+        H=H, K=K, BN=bn, HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s,
         INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16, USE_PDL=use_pdl,
         num_warps=4, **launch_pdl,
     )
@@ -133,12 +138,16 @@ def _moe_experts_op(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     num_tokens: torch.Tensor | None,
+    shared_gate_up: torch.Tensor | None = None,
+    shared_down: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     T, H = hidden.shape
     K = topk_ids.shape[1]
     I = down_proj.shape[2]
     if not use_triton(hidden):
-        return naive_moe.moe_experts(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens)
+        return naive_moe.moe_experts(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens,
+                                     shared_gate_up, shared_down, shared_gate)
     out = torch.empty(T, H, dtype=hidden.dtype, device=hidden.device)
     if T == 0:
         return out
@@ -146,24 +155,29 @@ def _moe_experts_op(
     topk_ids = topk_ids.contiguous()
     BM = piece_rows(T)
     E = gate_up_proj.shape[0]
+    has_s = shared_gate_up is not None
     # scratch shared by the pieces (stream order, and under pdl each kernel's wait, keeps them
-    # apart); h is indexed by expert (each expert has one leading slot per piece)
-    h = torch.empty(E, BM, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [experts, rows, I]
-    y = torch.empty(BM, K, H, dtype=torch.float32, device=hidden.device)  # [rows, k, H]
+    # apart); h is indexed by expert (each expert has one leading slot per piece; the shared
+    # expert is index E), y by assignment (the shared expert's after the k routed ones)
+    h = torch.empty(E + has_s, BM, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [experts, rows, I]
+    y = torch.empty(BM, K + has_s, H, dtype=torch.float32, device=hidden.device)  # [rows, k (+1), H]
+    gate = shared_gate.reshape(T, 1) if has_s else None
     use_pdl = _use_pdl(KERNEL_CONFIG, hidden)
     # Beyond 64 rows: consecutive 64-row pieces, each reading its own experts once (correct and
     # graph-capturable; long prefills are better served by a grouped GEMM).
     for r0 in range(0, T, BM):
         r1 = min(r0 + BM, T)
+        shared = (shared_gate_up, shared_down, gate[r0:r1]) if has_s else None
         _launch_piece(
-            hidden[r0:r1], topk_ids[r0:r1], topk_weights[r0:r1], gate_up_proj, down_proj,
+            hidden[r0:r1], topk_ids[r0:r1], topk_weights[r0:r1], gate_up_proj, down_proj, shared,
             num_tokens, r0, h, y, out[r0:r1], use_pdl, BM,
         )
     return out
 
 
 @_moe_experts_op.register_fake
-def _(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens):
+def _(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens, shared_gate_up=None, shared_down=None,
+      shared_gate=None):
     return hidden.new_empty(hidden.shape)
 
 
@@ -175,6 +189,7 @@ def moe_experts(
     down_proj: torch.Tensor,
     *,
     num_tokens: torch.Tensor | None = None,
+    shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """SwiGLU experts of transformers' `Qwen3_5MoeExperts`, reading each selected expert once.
 
@@ -190,6 +205,13 @@ def moe_experts(
     verification windows reads each expert of their union once); larger T runs consecutive 64-row
     pieces, each reading the experts its rows select. On sm90+ GPUs the launches of a piece
     overlap through programmatic dependent launch unless `KERNEL_CONFIG.pdl` is off.
+
+    `shared`: the sparse MoE block's shared expert and its gate, `(gate_up [2I, H], down [H, I],
+    gate_logits [T] or [T, 1])`, the same I and dtype as the routed experts (`gate_up` may be rows
+    of a larger buffer: contiguous rows; the logits any row stride). Then the result is the whole
+    block, `round(round(routed) + round(round(sigmoid(gate)) * round(shared(x))))` per counted row,
+    rounded where transformers' block rounds in the weights' dtype; the shared expert runs in the
+    same three launches as one more expert that every counted row chose.
     """
     check(hidden.dim() == 2, f"hidden must be [T, H], got {tuple(hidden.shape)}")
     T, H = hidden.shape
@@ -222,4 +244,20 @@ def moe_experts(
         check(num_tokens.numel() == 1 and num_tokens.dim() <= 1 and is_integer(num_tokens),
               f"num_tokens must be an integer tensor of shape [1] or [], got {num_tokens.dtype} {tuple(num_tokens.shape)}")
         check(num_tokens.device == hidden.device, f"num_tokens is on {num_tokens.device}, hidden on {hidden.device}")
-    return _moe_experts_op(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens)
+    if shared is None:
+        return _moe_experts_op(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens)
+    check(len(shared) == 3, f"shared must be (gate_up, down, gate_logits), got {len(shared)} tensors")
+    s_gate_up, s_down, s_gate = shared
+    check(s_gate_up.shape == (2 * I, H) and s_down.shape == (H, I),
+          f"the shared expert must have the routed experts' sizes, gate_up [2I, H] = [{2 * I}, {H}] and down "
+          f"[H, I] = [{H}, {I}], got {tuple(s_gate_up.shape)} and {tuple(s_down.shape)}")
+    check(s_gate.shape in ((T,), (T, 1)), f"shared gate logits must be [T] or [T, 1] with T = {T}, got {tuple(s_gate.shape)}")
+    check(s_gate_up.dtype == hidden.dtype and s_down.dtype == hidden.dtype and s_gate.dtype in FLOAT_INPUTS,
+          f"the shared expert's weights must have hidden's dtype {hidden.dtype} and its gate logits a float dtype, "
+          f"got {s_gate_up.dtype}, {s_down.dtype}, {s_gate.dtype}")
+    check(s_gate_up.is_contiguous() and s_down.is_contiguous(),
+          f"the shared expert's weights must be contiguous, got strides {s_gate_up.stride()} and {s_down.stride()}")
+    for name, t in (("shared gate_up", s_gate_up), ("shared down", s_down), ("shared gate logits", s_gate)):
+        check(t.device == hidden.device, f"{name} is on {t.device}, hidden on {hidden.device}")
+    return _moe_experts_op(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens,
+                           s_gate_up, s_down, s_gate)

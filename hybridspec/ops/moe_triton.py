@@ -15,6 +15,13 @@ weights are read once per call however many rows chose it, without sorting or ho
 3. `moe_reduce_kernel`, grid (T, H / BN): `out[r] = sum_j w[r, j] * y[r, j]` over valid
    assignments, in the fixed order j = 0..k-1 (deterministic, no atomics), cast to the output dtype.
 
+With HAS_SHARED the block's shared expert runs as one more slot, slot T * k, chosen by every counted
+row: its gate/up and down programs read the shared weights (`[2I, H]`, `[H, I]`, expert index E of
+`h`) and store into the extra assignment k of `y` `[BM, k + 1, H]`; the reduce kernel then adds
+`round(round(sigmoid(gate)) * round(shared))` to the routed sum rounded to the output dtype and
+rounds again, the roundings transformers' sparse MoE block makes. One launch per stage for the
+routed and shared experts together, instead of the shared expert's own GEMMs and elementwise work.
+
 With USE_PDL (programmatic dependent launch, sm90+) the host launches kernels 2 and 3 early: each
 signals its dependent at once and waits (`gdc_wait`) before reading what the previous kernel wrote.
 
@@ -40,49 +47,67 @@ def _round_bf16(x):
 
 
 @triton.jit
+def _round_to(x, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """fp32 `x` rounded to `dtype` and back (a rounding step of the reference's 16-bit ops)."""
+    if INTERPRET_BF16:
+        return _round_bf16(x)
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off,
-                 K: tl.constexpr, SP: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr):
-    """Valid rows `n` of this piece, the expert `e` of assignment `slot`, and whether `slot` is the
-    first valid assignment to choose `e` (the one program per expert that does its work)."""
+                 K: tl.constexpr, SP: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr):
+    """Valid rows `n` of this piece, the expert `e` of assignment `slot`, whether `slot` is the
+    first valid assignment to choose `e` (the one program per expert that does its work), and
+    whether it is the shared expert's slot T * K (then `e` = E, its index in `h`)."""
     n = T
     if HAS_NUM_TOKENS:
         n = tl.minimum(tl.load(num_tokens_ptr).to(tl.int32) - row_off, T)
     # ids [T, K] contiguous, read flat; rows past n may hold garbage ids and never select
     f = tl.arange(0, SP)
     ids = tl.load(ids_ptr + f, mask=f < T * K, other=-1)
-    e = tl.load(ids_ptr + slot)
+    e = tl.load(ids_ptr + slot, mask=slot < T * K, other=E)
     lead = (slot // K < n) & (e >= 0) & (e < E)
     earlier = (f < slot) & (f // K < n) & (ids == e)
     lead = lead & (tl.sum(earlier.to(tl.int32)) == 0)
-    return n, e, lead
+    shared = slot == T * K
+    if HAS_SHARED:
+        lead = lead | (shared & (n > 0))
+    return n, e, lead, shared
 
 
 @triton.jit
 def moe_gate_up_kernel(
-    x_ptr, ids_ptr, num_tokens_ptr, w_ptr, h_ptr,
+    x_ptr, ids_ptr, num_tokens_ptr, w_ptr, sw_ptr, h_ptr,
     T, E, row_off, s_xt,
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    HAS_NUM_TOKENS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
+    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     slot = tl.program_id(0)
     i_n = tl.program_id(1)
     # the down kernel may launch now: it waits for this grid before reading h
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    n, e, lead = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS)
+    n, e, lead, shared = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
+                                      HAS_SHARED)
     if lead:
         rows = tl.arange(0, BM)
         cols = tl.arange(0, KP)
         ids2 = tl.load(ids_ptr + rows[:, None] * K + cols[None, :],
                        mask=(rows[:, None] < T) & (cols[None, :] < K), other=-1)
-        # a row is loaded only if it chose e; others (padding, NaN rows past n) stay zero
-        member = (rows < n) & (tl.max((ids2 == e).to(tl.int32), axis=1) > 0)  # [BM]
+        # a row is loaded only if it chose e (every counted row chose the shared expert); others
+        # (padding, NaN rows past n) stay zero
+        hits = tl.max((ids2 == e).to(tl.int32), axis=1) + shared.to(tl.int32)  # [BM]
+        member = (rows < n) & (hits > 0)  # [BM]
         # this program's columns of I
         cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
         # gate_up_proj[e] is [2I, H]: gate rows 0..I-1, up rows I..2I-1 (transformers' chunk order)
         w_base = w_ptr + e.to(tl.int64) * (2 * I * H)
+        if HAS_SHARED:
+            if shared:
+                w_base = sw_ptr
         acc_g = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, H, BK):
@@ -104,25 +129,33 @@ def moe_gate_up_kernel(
 
 @triton.jit
 def moe_down_kernel(
-    h_ptr, ids_ptr, num_tokens_ptr, w_ptr, y_ptr,
+    h_ptr, ids_ptr, num_tokens_ptr, w_ptr, sw_ptr, y_ptr,
     T, E, row_off,
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    HAS_NUM_TOKENS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
+    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     slot = tl.program_id(0)
     i_n = tl.program_id(1)
-    n, e, lead = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS)
+    # y's assignments per row: k, and the shared expert's after them
+    KY: tl.constexpr = K + 1 if HAS_SHARED else K
+    n, e, lead, shared = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
+                                      HAS_SHARED)
     # every program waits, leader or not, so this grid never completes before gate/up has
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     if lead:
         rows = tl.arange(0, BM)
+        # the scalar as a row vector: the interpreter turns a scalar & vector mask into int32
+        shared_rows = (rows * 0 + shared.to(tl.int32)) > 0  # [BM]
         # this program's columns of H; down_proj[e] is [H, I]
         cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
         w_base = w_ptr + e.to(tl.int64) * (H * I)
+        if HAS_SHARED:
+            if shared:
+                w_base = sw_ptr
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, I, BK):
             cols_k = k0 + tl.arange(0, BK)
@@ -134,18 +167,21 @@ def moe_down_kernel(
         # each (row, j) that chose e gets its own copy, so a row naming e twice is counted twice
         for j in tl.static_range(K):
             e_j = tl.load(ids_ptr + rows * K + j, mask=rows < T, other=-1)
-            chose = (rows < n) & (e_j == e)
-            tl.store(y_ptr + (rows[:, None] * K + j) * H + cols_n[None, :], acc, mask=chose[:, None])
+            chose = (rows < n) & (e_j == e) & ~shared_rows
+            tl.store(y_ptr + (rows[:, None] * KY + j) * H + cols_n[None, :], acc, mask=chose[:, None])
+        if HAS_SHARED:
+            tl.store(y_ptr + (rows[:, None] * KY + K) * H + cols_n[None, :], acc, mask=((rows < n) & shared_rows)[:, None])
 
 
 @triton.jit
 def moe_reduce_kernel(
-    y_ptr, ids_ptr, wt_ptr, num_tokens_ptr, out_ptr,
-    T, E, row_off, s_wt, s_wk, s_ot,
+    y_ptr, ids_ptr, wt_ptr, num_tokens_ptr, gate_ptr, out_ptr,
+    T, E, row_off, s_wt, s_wk, s_gt, s_ot,
     H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr,
-    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_SHARED: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     r = tl.program_id(0)
+    KY: tl.constexpr = K + 1 if HAS_SHARED else K
     # y is the down kernel's output
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -159,8 +195,16 @@ def moe_reduce_kernel(
         ok = (r < n) & (e >= 0) & (e < E)
         w = tl.load(wt_ptr + r * s_wt + j * s_wk).to(tl.float32)
         # y's unwritten slots (and NaN weights past n) are dropped by where, not by a multiply
-        y = tl.load(y_ptr + (r * K + j) * H + cols)
+        y = tl.load(y_ptr + (r * KY + j) * H + cols)
         acc += tl.where(ok, w * y, 0.0)
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    if HAS_SHARED:
+        # transformers' block in the weights' dtype: routed sum, shared output, sigmoid gate, their
+        # product and the sum each rounded; rows past n (NaN gates there) stay zero
+        shared = _round_to(tl.load(y_ptr + (r * KY + K) * H + cols), dt, INTERPRET_BF16)
+        gate = _round_to(tl.sigmoid(tl.load(gate_ptr + r * s_gt).to(tl.float32)), dt, INTERPRET_BF16)
+        both = _round_to(acc, dt, INTERPRET_BF16) + _round_to(gate * shared, dt, INTERPRET_BF16)
+        acc = tl.where(r < n, both, 0.0)
     if INTERPRET_BF16:
         acc = _round_bf16(acc)
-    tl.store(out_ptr + r * s_ot + cols, acc.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + r * s_ot + cols, acc.to(dt))

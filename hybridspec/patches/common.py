@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.activations import ACT2FN
 
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
-from hybridspec.fused import plain_linear, project
+from hybridspec.fused import fused_weight, plain_linear, project
 from hybridspec.ops import decode_attention, gdn_verify, route_topk, small_linear
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
@@ -131,9 +132,13 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
               num_tokens: torch.Tensor | None = None, shared_in: list | None = None) -> torch.Tensor:
     """Routed experts on `hybridspec.ops.moe_experts` (cost follows the distinct experts the w
     tokens touch) plus the block's own shared expert; `x` `[B, w, H]`, `ids`/`weights` `[B, w, k]`.
-    `num_tokens` `[B]`: each row's counted tokens; its rows past them read no expert and get the
-    shared expert only. `shared_in`: the shared expert's gate, up and sigmoid-gate projections of
-    `x` where the caller has them (from the router's fused GEMM)."""
+    `num_tokens` `[B]`: each row's counted tokens; its rows past them read no routed expert.
+    `shared_in`: the outputs of the block's fused GEMM after the router's (the shared expert's
+    sigmoid gate, and where the experts op does not run the shared expert, its gate and up
+    projections) where the caller has them.
+
+    Where `shared_as_expert` allows, the experts op runs the shared expert too, as one more expert
+    every row chose: the block is then the fused GEMM, the router's tail and the op's three launches."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
     if num_tokens is not None and B > 1:
@@ -143,10 +148,15 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         counted = torch.arange(w, device=x.device)[None, :] < num_tokens[:, None]  # [B, w]
         ids = torch.where(counted[..., None], ids, -1)
         num_tokens = None
-    routed = hybridspec_experts_forward(mlp.experts, flat, ids.reshape(B * w, -1), weights.reshape(B * w, -1),
-                                        num_tokens=num_tokens)
+    ids, weights = ids.reshape(B * w, -1), weights.reshape(B * w, -1)
+    ninth = shared_as_expert(mlp)
+    if ninth is not None:
+        (gate,) = shared_in or project(mlp, "moe", moe_linears(mlp), flat, skip=1, take=1, gemm=moe_gemm)
+        out = hybridspec_experts_forward(mlp.experts, flat, ids, weights, num_tokens=num_tokens, shared=(*ninth, gate))
+        return out.reshape(B, w, H)
+    routed = hybridspec_experts_forward(mlp.experts, flat, ids, weights, num_tokens=num_tokens)
     shared = mlp.shared_expert
-    # the shared expert's gate and up projections and its sigmoid gate in one GEMM, over their rows
+    # the shared expert's sigmoid gate and its gate and up projections in one GEMM, over their rows
     # of the block's fused weight (after the router's); fused only where it is whole on every rank
     fused = shared_in or project(mlp, "moe", moe_linears(mlp), flat, skip=1, gemm=moe_gemm)
     down = mlp.experts.down_proj
@@ -158,7 +168,7 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         partial = torch.sigmoid(mlp.shared_expert_gate(flat)) * parallel.row_partial(shared.down_proj, _swiglu_local(shared, flat))
         return parallel.all_reduce(routed + partial, group).reshape(B, w, H)
     if fused is not None:
-        g, u, gate = fused
+        gate, g, u = fused
         out = torch.sigmoid(gate) * _down(shared.down_proj, shared.act_fn(g) * u)
     else:
         out = torch.sigmoid(mlp.shared_expert_gate(flat)) * dense_mlp(shared, flat)
@@ -167,10 +177,37 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     return (routed + out).reshape(B, w, H)
 
 
+# the shared expert's activation where the experts op may run it (transformers' "silu", "swish")
+_SILU = (nn.SiLU, type(ACT2FN["silu"]))
+
+
+def shared_as_expert(mlp) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The shared expert's `(gate_up [2I, H], down [H, I])` weights where the experts op can run it
+    as one more expert, else None. It can where its gate and up projections are fused (rows of the
+    block's fused weight, adjacent in that order: so neither is sharded, hooked or wrapped), its
+    down projection is a plain linear that `_down` would multiply itself, its activation is SiLU,
+    and its width and dtype are the routed experts' (an unsharded experts module)."""
+    stacked = fused_weight(mlp, "moe")
+    if stacked is None:
+        return None
+    shared, experts = mlp.shared_expert, mlp.experts
+    down = shared.down_proj
+    if not (_plain_down(down) and type(shared.act_fn) in _SILU and not parallel.is_sharded(experts.down_proj)):
+        return None
+    first = mlp.gate.weight.shape[0] + mlp.shared_expert_gate.weight.shape[0]
+    gate_up = stacked[first : first + 2 * down.weight.shape[1]]
+    if gate_up.shape[0] != 2 * down.weight.shape[1] or experts.gate_up_proj.shape[1:] != gate_up.shape:
+        return None
+    if not (experts.gate_up_proj.dtype == gate_up.dtype == down.weight.dtype and down.weight.is_contiguous()):
+        return None
+    return gate_up, down.weight
+
+
 def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`F.linear(x, weight)` for the MoE block's narrow weights (the router with the shared expert's
-    projections, 1,296 rows at the 35B-A3B shape; the router's rows alone in Stage 0; the shared
-    expert's down projection), on `small_linear` on CUDA where it takes the inputs: 1.16x / 1.14x
+    gate, 272 rows with padding at the 35B-A3B shape, or with its projections too where the experts
+    op does not run it; the router's rows alone in Stage 0; the shared expert's down projection in
+    that case), on `small_linear` on CUDA where it takes the inputs: 1.16x / 1.14x
     cuBLAS at one row on an H200, timed chained over cold weights in one graph (docs/benchmarks.md,
     "Few-row linear"); inside the runner's profile both take 8.8 us, so the gain there is within
     noise. Wider projections keep cuBLAS, which was as fast or faster there.
@@ -181,19 +218,24 @@ def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
+def _plain_down(linear) -> bool:
+    """A plain bias-free `nn.Linear` without hooks or an instance-level `forward` (transformers'
+    tensor-parallel styles and accelerate's hooks install one), its weight not sharded."""
+    return plain_linear(linear) and "forward" not in vars(linear) and not isinstance(linear.weight, parallel.DTensor)
+
+
 def _down(linear, x: torch.Tensor) -> torch.Tensor:
-    """The shared expert's down projection: `moe_gemm` for a plain bias-free `nn.Linear` without
-    hooks or an instance-level `forward` (transformers' tensor-parallel styles and accelerate's
-    hooks install one); anything else (an adapter in its place, a sharded weight) runs as it is."""
-    if plain_linear(linear) and "forward" not in vars(linear) and not isinstance(linear.weight, parallel.DTensor):
-        return moe_gemm(x, linear.weight)
-    return linear(x)
+    """The shared expert's down projection: `moe_gemm` for a `_plain_down` linear; anything else
+    (an adapter in its place, a sharded weight) runs as it is."""
+    return moe_gemm(x, linear.weight) if _plain_down(linear) else linear(x)
 
 
 def moe_linears(mlp) -> tuple:
     """The sparse MoE block's linears that read its input, in fusion order: the router first (Stage
-    0 runs it alone), then the shared expert's gate and up projections and its sigmoid gate."""
-    return (mlp.gate, mlp.shared_expert.gate_proj, mlp.shared_expert.up_proj, mlp.shared_expert_gate)
+    0 runs it alone), the shared expert's sigmoid gate (the block's GEMM runs the two together where
+    the experts op runs the shared expert), then the shared expert's gate and up projections: adjacent
+    rows, which that op reads as one expert's `[2I, H]` weight."""
+    return (mlp.gate, mlp.shared_expert_gate, mlp.shared_expert.gate_proj, mlp.shared_expert.up_proj)
 
 
 def _swiglu_local(mlp, x: torch.Tensor) -> torch.Tensor:
@@ -213,10 +255,14 @@ def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
                num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """The MoE block of a verified block; a sparse block appends its expert ids `[B, w, k]` to
     `routing` when given. Dense MLP layers run as they are. Where the block's linears are fused, the
-    router and the shared expert's input projections are one GEMM."""
+    router and the shared expert's gate are one GEMM (with the shared expert's projections where the
+    experts op does not run it)."""
     if not is_sparse_moe(mlp):
         return dense_mlp(mlp, x)
-    fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, x.shape[-1]), gemm=moe_gemm)
+    # the router and the shared expert's gate; the shared expert's projections too where the
+    # experts op does not run it
+    take = 2 if shared_as_expert(mlp) is not None else None
+    fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, x.shape[-1]), gemm=moe_gemm, take=take)
     logits, shared_in = (fused[0], fused[1:]) if fused is not None else (None, None)
     ids, weights = route(family, mlp, x, logits)
     if routing is not None:

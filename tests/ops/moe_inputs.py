@@ -96,3 +96,17 @@ def moe_cases(draw, max_tokens=16, dtypes=(torch.float32, torch.bfloat16), with_
         n=n,
         seed=draw(st.integers(0, 2**31 - 1), label="seed"),
     )
+
+
+def make_shared(case: MoECase, device: str):
+    """A shared expert for `case`: `(gate_up [2I, H], down [H, I], gate logits [T, 1])`, the logits a
+    strided column of a wider output (as the block's fused GEMM gives them), NaN past `case.n`."""
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    T, H, I = case.T, case.H, case.I
+    gate_up = torch.randn(2 * I, H, generator=gen) * H**-0.5
+    down = torch.randn(H, I, generator=gen) * I**-0.5
+    logits = torch.randn(T, 5, generator=gen) * 2
+    if case.n is not None:
+        logits[case.n:] = float("nan")
+    gate_up, down, logits = (x.to(case.dtype).to(device) for x in (gate_up, down, logits))
+    return gate_up, down, logits[:, 3:4]

@@ -14,7 +14,7 @@ from hybridspec.ops.dispatch import TRITON_INTERPRET
 from hybridspec.ops.moe import MoEKernelConfig, piece_rows
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
-from tests.ops.moe_inputs import MoECase, make_inputs, moe_cases
+from tests.ops.moe_inputs import MoECase, make_inputs, make_shared, moe_cases
 
 # bf16: the kernels and the twin round at the same points (SwiGLU output, result); what is left
 # is fp32 summation order flipping a rounding now and then
@@ -102,6 +102,53 @@ def test_rows_past_num_tokens_touch_no_expert(device, case, data):
     _check_past_rows_zero(dirty, n)
 
 
+@settings(max_examples=10)
+@given(case=moe_cases(max_tokens=24))
+@example(case=MoECase(T=1, K=8, E=16, H=64, I=32, dtype=torch.bfloat16, routing="random", n=None, seed=3))
+@example(case=MoECase(T=16, K=8, E=12, H=48, I=16, dtype=torch.bfloat16, routing="repeat", n=11, seed=4))
+def test_shared_expert_matches_naive(device, case):
+    """The block's shared expert as one more slot of the same three launches: the twin's whole block
+    (roundings where transformers' block rounds), zero past num_tokens (NaN gates there)."""
+    hidden, ids, wts, gate_up, down, nt = make_inputs(case, device)
+    shared = make_shared(case, device)
+    with expect_pieces(case.T):
+        out = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt, shared=shared)
+    args = (hidden, ids, wts, gate_up, down, nt, *shared)
+    ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in args))
+    assert out.dtype == case.dtype and out.shape == (case.T, case.H)
+    assert_rel(out.cpu().float(), ref.float(), OUT_TOL[case.dtype], "out with the shared expert vs naive")
+    _check_past_rows_zero(out.cpu(), case.n)
+    n = case.T if case.n is None else case.n
+    routed = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt)
+    assert n == 0 or not torch.equal(out[:n], routed[:n]), "the shared expert added nothing"
+
+
+@settings(max_examples=6)
+@given(case=moe_cases(dtypes=(torch.float32,)))
+def test_shared_expert_matches_transformers_block(device, case):
+    """fp32: routed experts (transformers' eager experts) plus `sigmoid(gate) * shared_expert(x)` on
+    transformers' own MLP module, as its sparse MoE block adds them."""
+    from transformers import Qwen3_5MoeTextConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeMLP
+
+    hidden, ids, wts, gate_up, down, nt = make_inputs(case, device)
+    s_gate_up, s_down, logits = make_shared(case, device)
+    out = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt, shared=(s_gate_up, s_down, logits))
+    n = case.T if case.n is None else case.n
+    _check_past_rows_zero(out, case.n)
+    if n == 0:
+        return
+    config = Qwen3_5MoeTextConfig(hidden_size=case.H, hidden_act="silu")
+    mlp = Qwen3_5MoeMLP(config, intermediate_size=case.I).to(device=device, dtype=case.dtype)
+    with torch.no_grad():
+        mlp.gate_proj.weight.copy_(s_gate_up[: case.I])
+        mlp.up_proj.weight.copy_(s_gate_up[case.I :])
+        mlp.down_proj.weight.copy_(s_down)
+        x = hidden[:n]
+        ref = _transformers_experts(gate_up, down)(x, ids[:n], wts[:n]) + torch.sigmoid(logits[:n]) * mlp(x)
+    assert_rel(out[:n], ref, 1e-5, "out with the shared expert vs transformers")
+
+
 @pytest.mark.parametrize("T, K, n", [(21, 2, None), (37, 1, 30), (64, 4, 50), (130, 2, 100)])
 def test_more_than_16_rows_run_in_pieces(device, T, K, n):
     """Up to 64 rows (four verification windows) run as one piece, more as 64-row pieces."""
@@ -110,6 +157,12 @@ def test_more_than_16_rows_run_in_pieces(device, T, K, n):
     out, args = _run(case, device)
     ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in args))
     assert_rel(out.cpu(), ref, 1e-5, "out vs naive")
+    _check_past_rows_zero(out.cpu(), n)
+    # the shared expert too: each piece has its slot and its rows' gates
+    shared = make_shared(case, device)
+    out = moe_experts(*args[:5], num_tokens=args[5], shared=shared)
+    ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in (*args, *shared)))
+    assert_rel(out.cpu(), ref, 1e-5, "out with the shared expert vs naive")
     _check_past_rows_zero(out.cpu(), n)
 
 
@@ -190,6 +243,8 @@ def _small_args(device):
 def test_opcheck(device):
     hidden, ids, wts, gate_up, down, nt = _small_args(device)
     torch.library.opcheck(torch.ops.hybridspec.moe_experts.default, (hidden, ids, wts, gate_up, down, nt))
+    shared = make_shared(MoECase(T=3, K=2, E=4, H=32, I=16, dtype=torch.float32, routing="shared", n=2, seed=5), device)
+    torch.library.opcheck(torch.ops.hybridspec.moe_experts.default, (hidden, ids, wts, gate_up, down, nt, *shared))
     hidden, ids, wts = (x[:2] for x in (hidden, ids, wts))
     torch.library.opcheck(torch.ops.hybridspec.moe_experts.default, (hidden, ids, wts, gate_up, down, None))
 
@@ -215,6 +270,14 @@ def test_fullgraph_compile(device):
         (lambda a: {**a, "num_tokens": torch.tensor([1, 2])}, r"num_tokens must be an integer tensor of shape \[1\]"),
         (lambda a: {**a, "hidden": a["hidden"][:, :24], "gate_up_proj": a["gate_up_proj"][..., :24],
                     "down_proj": a["down_proj"][:, :24]}, "multiples of 16"),
+        (lambda a: {**a, "shared": (torch.zeros(16, 32), torch.zeros(32, 16), torch.zeros(3, 1))},
+         r"the shared expert must have the routed experts' sizes, gate_up \[2I, H\] = \[32, 32\]"),
+        (lambda a: {**a, "shared": (torch.zeros(32, 32), torch.zeros(32, 16), torch.zeros(2))},
+         r"shared gate logits must be \[T\] or \[T, 1\] with T = 3"),
+        (lambda a: {**a, "shared": (torch.zeros(32, 32).bfloat16(), torch.zeros(32, 16), torch.zeros(3))},
+         "the shared expert's weights must have hidden's dtype"),
+        (lambda a: {**a, "shared": (torch.zeros(32, 64)[:, ::2], torch.zeros(32, 16), torch.zeros(3))},
+         "the shared expert's weights must be contiguous"),
     ],
 )
 def test_wrapper_validates(change, match):

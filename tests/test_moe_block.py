@@ -1,0 +1,70 @@
+"""The sparse MoE block on hybridspec's verification path (`patches.common.moe_verify`) equals
+transformers' own block, whichever way it runs the shared expert: inside the experts op as one
+more expert (its projections fused and of the routed experts' width), through the fused GEMM and
+its own down projection (a hooked down projection, a wider shared expert), or unfused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+from hybridspec.fused import fused_weight
+from hybridspec.patches import family_of
+from hybridspec.patches.common import moe_apply, moe_verify, route, shared_as_expert
+from hybridspec.patches.fusion import fuse_model
+from hybridspec.tiny import TARGET, tiny_next_target, tiny_target
+from tests.helpers import assert_rel
+
+
+def _wider_shared(seed: int):
+    torch.manual_seed(seed)
+    return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**{**TARGET, "shared_expert_intermediate_size": 48})).eval()
+
+
+BUILDS = {"qwen3.5": tiny_target, "qwen3-next": tiny_next_target, "qwen3.5, wider shared expert": _wider_shared}
+
+
+@pytest.mark.parametrize("variant", ["as an expert", "hooked down projection", "unfused"])
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_block_equals_transformers(build, variant):
+    model = BUILDS[build](seed=3)
+    family = family_of(model)
+    mlp = family.text_model(model).layers[1].mlp
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, model.config.hidden_size) * 3
+    with torch.no_grad():
+        ref = mlp(x)
+        if variant != "unfused":
+            fuse_model(family, model)
+            assert fused_weight(mlp, "moe") is not None
+        seen = []
+        if variant == "hooked down projection":
+            mlp.shared_expert.down_proj.register_forward_hook(lambda *a: seen.append(1))
+        ninth = shared_as_expert(mlp)
+        assert (ninth is not None) == (variant == "as an expert" and "wider" not in build)
+        routing = []
+        got = moe_verify(family, mlp, x, routing)
+        assert_rel(got, ref, 1e-5, f"block ({build}, {variant})")
+        assert seen == ([1] if variant == "hooked down projection" else []), "a hooked down projection runs its module"
+        # each batch row's counted tokens: those rows are the block's; Stage 1's call (no fused
+        # outputs passed in) gives the same
+        counts = torch.tensor([3, 5])
+        ids, weights = route(family, mlp, x)
+        assert torch.equal(ids, routing[0])
+        for out in (moe_verify(family, mlp, x, num_tokens=counts), moe_apply(mlp, x, ids, weights, counts)):
+            assert_rel(out[0, :3], ref[0, :3], 1e-5, "counted rows of batch row 0")
+            assert_rel(out[1], ref[1], 1e-5, "batch row 1")
+
+
+def test_shared_expert_weights_are_views_of_the_fused_weight():
+    """As an expert, the shared expert's gate and up rows are read in place: no second copy."""
+    model = tiny_target(seed=1)
+    family = family_of(model)
+    fuse_model(family, model)
+    mlp = family.text_model(model).layers[0].mlp
+    gate_up, down = shared_as_expert(mlp)
+    stacked = fused_weight(mlp, "moe")
+    assert gate_up.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+    assert torch.equal(gate_up, torch.cat([mlp.shared_expert.gate_proj.weight, mlp.shared_expert.up_proj.weight]))
+    assert down is mlp.shared_expert.down_proj.weight
