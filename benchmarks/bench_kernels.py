@@ -17,7 +17,9 @@
 4. Few-row linear `x [M, K] @ W.T`, M = 1, 16, 64, bf16: `hybridspec.ops.small_linear` (one program
    per block_n output features) against `F.linear` (cuBLAS, whose grid at these shapes has ~20-30
    CTAs) and `F.linear` compiled with `torch.compile`, for (N, K) = (1296, 2048), the 35B-A3B
-   router + shared expert gate/up + shared gate fused weight padded to 1296 rows; (256, 2048), the
+   MoE block's fused weight with the shared expert's gate/up (the path where the experts op does
+   not run the shared expert); (272, 2048), router + shared gate padded, the block's GEMM where the
+   experts op runs the shared expert; (256, 2048), the
    router's rows alone; (2048, 512), the shared expert's down projection; (2048, 4096), the
    attention o_proj / GDN out_proj. Checked against `F.linear` (relative error, norm-wise and of the
    largest element, below 1e-2). Bound: the weight's bytes at the copy bandwidth.
@@ -65,7 +67,7 @@ ROWS = (15, 60)
 # (rows, experts, top-k) of the router cases
 ROUTER_CASES = [(r, 256, 8) for r in (1, 16, 64)] + [(r, 512, 10) for r in (1, 16, 64)]
 # (N, K) of the few-row linear cases, and their rows
-LINEAR_SHAPES = [(1296, 2048), (256, 2048), (2048, 512), (2048, 4096)]
+LINEAR_SHAPES = [(1296, 2048), (272, 2048), (256, 2048), (2048, 512), (2048, 4096)]
 LINEAR_ROWS = (1, 16, 64)
 DTYPE = torch.bfloat16
 

@@ -171,8 +171,9 @@ def fused_weight(parent: nn.Module, name: str) -> torch.Tensor | None:
 def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor,
             skip: int = 0, gemm=F.linear, take: int | None = None) -> list[torch.Tensor] | None:
     """The outputs of `linears[skip:]` (or `linears[skip:skip + take]`) on `x` as one GEMM
-    (`gemm(x, weight)`) over their rows of the fused weight (to its end, or with `take` to the next
-    multiple of `ROW_ALIGN` rows within it; padding then split off); None where the group is not
+    (`gemm(x, weight)`) over their rows of the fused weight (to its end, or with `take` over their
+    row count rounded up to a multiple of `ROW_ALIGN`, within the buffer: the extra rows are
+    computed and split off); None where the group is not
     fused (the caller runs its linears as they are)."""
     stacked = fused_weight(parent, name)
     if stacked is None:

@@ -25,36 +25,61 @@ def _wider_shared(seed: int):
 BUILDS = {"qwen3.5": tiny_target, "qwen3-next": tiny_next_target, "qwen3.5, wider shared expert": _wider_shared}
 
 
-@pytest.mark.parametrize("variant", ["as an expert", "hooked down projection", "unfused"])
+VARIANTS = ["as an expert", "hooked down projection", "hooked activation", "gelu shared expert", "unfused"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_block_equals_transformers(build, variant):
     model = BUILDS[build](seed=3)
     family = family_of(model)
     mlp = family.text_model(model).layers[1].mlp
+    seen = []
+    if variant == "hooked down projection":
+        mlp.shared_expert.down_proj.register_forward_hook(lambda *a: seen.append(1))
+    if variant == "hooked activation":
+        mlp.shared_expert.act_fn.register_forward_hook(lambda *a: seen.append(1))
+    if variant == "gelu shared expert":
+        mlp.shared_expert.act_fn = torch.nn.GELU()
     torch.manual_seed(0)
     x = torch.randn(2, 5, model.config.hidden_size) * 3
     with torch.no_grad():
         ref = mlp(x)
+        seen.clear()
         if variant != "unfused":
             fuse_model(family, model)
             assert fused_weight(mlp, "moe") is not None
-        seen = []
-        if variant == "hooked down projection":
-            mlp.shared_expert.down_proj.register_forward_hook(lambda *a: seen.append(1))
         ninth = shared_as_expert(mlp)
         assert (ninth is not None) == (variant == "as an expert" and "wider" not in build)
         routing = []
         got = moe_verify(family, mlp, x, routing)
         assert_rel(got, ref, 1e-5, f"block ({build}, {variant})")
-        assert seen == ([1] if variant == "hooked down projection" else []), "a hooked down projection runs its module"
+        assert seen == ([1] if "hooked" in variant else []), "a hooked module runs its module call"
         # each batch row's counted tokens: those rows are the block's; Stage 1's call (no fused
-        # outputs passed in) gives the same
+        # outputs passed in) gives the same; so does one row with a count (the op's own num_tokens)
         counts = torch.tensor([3, 5])
         ids, weights = route(family, mlp, x)
         assert torch.equal(ids, routing[0])
         for out in (moe_verify(family, mlp, x, num_tokens=counts), moe_apply(mlp, x, ids, weights, counts)):
             assert_rel(out[0, :3], ref[0, :3], 1e-5, "counted rows of batch row 0")
             assert_rel(out[1], ref[1], 1e-5, "batch row 1")
+        one = moe_verify(family, mlp, x[1:], num_tokens=torch.tensor([4]))
+        assert_rel(one[0, :4], ref[1, :4], 1e-5, "counted rows of a batch of one")
+
+
+@pytest.mark.parametrize("build", ["qwen3.5", "qwen3-next"])
+def test_bf16_block_is_transformers_block_in_other_arithmetic(build):
+    """bf16: the block with the shared expert inside the experts op is transformers' block up to
+    where they round (the op sums the routed experts in fp32 and rounds inside an expert once)."""
+    model = BUILDS[build](seed=5).to(torch.bfloat16)
+    family = family_of(model)
+    mlp = family.text_model(model).layers[2].mlp
+    x = torch.randn(1, 16, model.config.hidden_size, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = mlp(x)
+        fuse_model(family, model)
+        assert shared_as_expert(mlp) is not None
+        assert_rel(moe_verify(family, mlp, x).float(), ref.float(), 2e-2, f"bf16 block ({build})")
 
 
 def test_shared_expert_weights_are_views_of_the_fused_weight():

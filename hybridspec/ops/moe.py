@@ -209,9 +209,12 @@ def moe_experts(
     `shared`: the sparse MoE block's shared expert and its gate, `(gate_up [2I, H], down [H, I],
     gate_logits [T] or [T, 1])`, the same I and dtype as the routed experts (`gate_up` may be rows
     of a larger buffer: contiguous rows; the logits any row stride). Then the result is the whole
-    block, `round(round(routed) + round(round(sigmoid(gate)) * round(shared(x))))` per counted row,
-    rounded where transformers' block rounds in the weights' dtype; the shared expert runs in the
-    same three launches as one more expert that every counted row chose.
+    block, `round(round(routed) + round(round(sigmoid(gate)) * round(shared(x))))` per counted row:
+    transformers' block-level roundings in the weights' dtype (inside each expert, as for the routed
+    ones, only the SwiGLU product is rounded, where transformers rounds each projection and the
+    activation, and the routed sum is fp32 where transformers adds expert by expert in the weights'
+    dtype). The shared expert runs in the same three launches as one more expert every counted row
+    chose; rows past `num_tokens` stay zero.
     """
     check(hidden.dim() == 2, f"hidden must be [T, H], got {tuple(hidden.shape)}")
     T, H = hidden.shape

@@ -19,7 +19,7 @@ With HAS_SHARED the block's shared expert runs as one more slot, slot T * k, cho
 row: its gate/up and down programs read the shared weights (`[2I, H]`, `[H, I]`, expert index E of
 `h`) and store into the extra assignment k of `y` `[BM, k + 1, H]`; the reduce kernel then adds
 `round(round(sigmoid(gate)) * round(shared))` to the routed sum rounded to the output dtype and
-rounds again, the roundings transformers' sparse MoE block makes. One launch per stage for the
+rounds again: the block-level roundings of transformers' sparse MoE block. One launch per stage for the
 routed and shared experts together, instead of the shared expert's own GEMMs and elementwise work.
 
 With USE_PDL (programmatic dependent launch, sm90+) the host launches kernels 2 and 3 early: each

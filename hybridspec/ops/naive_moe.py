@@ -3,7 +3,8 @@
 It syncs with the host (which experts were hit) and is the oracle for the kernels. It computes in
 fp32 and rounds the SwiGLU output to the weight dtype before the down projection, as the kernels do.
 With a shared expert it adds `round(round(sigmoid(gate)) * round(shared))` to the rounded routed sum
-and rounds once more: the roundings transformers' sparse MoE block makes in the weights' dtype.
+and rounds once more: the block-level roundings of transformers' sparse MoE block in the weights'
+dtype (inside an expert only the SwiGLU product is rounded, as for the routed experts).
 """
 
 from __future__ import annotations

@@ -132,7 +132,9 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
               num_tokens: torch.Tensor | None = None, shared_in: list | None = None) -> torch.Tensor:
     """Routed experts on `hybridspec.ops.moe_experts` (cost follows the distinct experts the w
     tokens touch) plus the block's own shared expert; `x` `[B, w, H]`, `ids`/`weights` `[B, w, k]`.
-    `num_tokens` `[B]`: each row's counted tokens; its rows past them read no routed expert.
+    `num_tokens` `[B]`: each row's counted tokens; its rows past them read no routed expert (their
+    output is never read: at B = 1 with the shared expert inside the op they come out zero, else
+    they hold the shared expert's output alone).
     `shared_in`: the outputs of the block's fused GEMM after the router's (the shared expert's
     sigmoid gate, and where the experts op does not run the shared expert, its gate and up
     projections) where the caller has them.
@@ -185,20 +187,24 @@ def shared_as_expert(mlp) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The shared expert's `(gate_up [2I, H], down [H, I])` weights where the experts op can run it
     as one more expert, else None. It can where its gate and up projections are fused (rows of the
     block's fused weight, adjacent in that order: so neither is sharded, hooked or wrapped), its
-    down projection is a plain linear that `_down` would multiply itself, its activation is SiLU,
-    and its width and dtype are the routed experts' (an unsharded experts module)."""
+    down projection is a plain linear that `_down` would multiply itself, its activation is an
+    unhooked SiLU, and its width, dtype and device are the routed experts' (an unsharded experts
+    module)."""
     stacked = fused_weight(mlp, "moe")
     if stacked is None:
         return None
     shared, experts = mlp.shared_expert, mlp.experts
     down = shared.down_proj
-    if not (_plain_down(down) and type(shared.act_fn) in _SILU and not parallel.is_sharded(experts.down_proj)):
+    act = shared.act_fn
+    if not (_plain_down(down) and type(act) in _SILU and not act._forward_hooks and not act._forward_pre_hooks
+            and not parallel.is_sharded(experts.down_proj)):
         return None
     first = mlp.gate.weight.shape[0] + mlp.shared_expert_gate.weight.shape[0]
     gate_up = stacked[first : first + 2 * down.weight.shape[1]]
     if gate_up.shape[0] != 2 * down.weight.shape[1] or experts.gate_up_proj.shape[1:] != gate_up.shape:
         return None
-    if not (experts.gate_up_proj.dtype == gate_up.dtype == down.weight.dtype and down.weight.is_contiguous()):
+    if not (experts.gate_up_proj.dtype == gate_up.dtype == down.weight.dtype and down.weight.is_contiguous()
+            and experts.gate_up_proj.device == gate_up.device == down.weight.device):
         return None
     return gate_up, down.weight
 

@@ -165,11 +165,13 @@ def test_wrapper_validates(change, match):
         small_linear(*change(x, w))
 
 
-# (N, K): the 35B-A3B MoE router + shared gate/up + shared gate fused weight (padded to 1296 rows),
-# the shared expert's down projection, attention o_proj / GDN out_proj, and an N one past a tile
+# (N, K): the 35B-A3B MoE block's fused weight with the shared expert's projections (1296 rows) and
+# without them (router + shared gate, padded to 272: the live shape where the experts op runs the
+# shared expert), the shared expert's down projection, attention o_proj / GDN out_proj, and an N one
+# past a tile
 GPU_CASES = [
     LinearCase(M=M, N=N, K=K, dtype=dtype, seed=M + N)
-    for N, K in ((1296, 2048), (2048, 512), (2048, 4096), (257, 2048))
+    for N, K in ((1296, 2048), (272, 2048), (2048, 512), (2048, 4096), (257, 2048))
     for M in (1, 16, 64) for dtype in (torch.bfloat16, torch.float32)
 ] + [LinearCase(M=7, N=1296, K=2048, dtype=torch.bfloat16, seed=1, x_pad=8, w_off=256, w_pad=64)]
 

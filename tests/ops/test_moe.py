@@ -108,7 +108,7 @@ def test_rows_past_num_tokens_touch_no_expert(device, case, data):
 @example(case=MoECase(T=16, K=8, E=12, H=48, I=16, dtype=torch.bfloat16, routing="repeat", n=11, seed=4))
 def test_shared_expert_matches_naive(device, case):
     """The block's shared expert as one more slot of the same three launches: the twin's whole block
-    (roundings where transformers' block rounds), zero past num_tokens (NaN gates there)."""
+    (its block-level roundings), zero past num_tokens (NaN gates there)."""
     hidden, ids, wts, gate_up, down, nt = make_inputs(case, device)
     shared = make_shared(case, device)
     with expect_pieces(case.T):
@@ -118,6 +118,13 @@ def test_shared_expert_matches_naive(device, case):
     assert out.dtype == case.dtype and out.shape == (case.T, case.H)
     assert_rel(out.cpu().float(), ref.float(), OUT_TOL[case.dtype], "out with the shared expert vs naive")
     _check_past_rows_zero(out.cpu(), case.n)
+    if case.dtype != torch.float32 and device == "cpu":
+        # the block's five roundings in the weights' dtype, as the twin makes them: under the
+        # interpreter (fp32 products and sums, as the twin) only summation order may flip one now
+        # and then, where leaving any rounding out changes ~30% of the values. On the GPU the
+        # tensor cores' order flips the SwiGLU roundings more often: the relative error above applies
+        differ = (out.cpu() != ref).float().mean().item()
+        assert differ <= 0.02, f"{differ:.1%} of the values differ from the twin's roundings"
     n = case.T if case.n is None else case.n
     routed = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt)
     assert n == 0 or not torch.equal(out[:n], routed[:n]), "the shared expert added nothing"
