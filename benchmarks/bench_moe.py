@@ -246,23 +246,28 @@ def grid(**axes) -> list[dict]:
 
 
 # Greedy phases, each on top of the best config so far: pdl on the defaults first (the previous
-# defaults without it are the table's `hybridspec_nopdl`), then the tiles, and pdl again at the best
-# tiles. About 60 configs at 1-10 s each (compile, check, capture, 20 samples per case) on an H200;
-# --sweep-budget bounds it.
-SWEEP_PHASES = [
-    ("pdl", grid(pdl=(False, True))),
-    ("gate/up", grid(gate_up_block_i=(32, 64, 128), gate_up_block_h=(128, 256, 512), gate_up_warps=(2, 4, 8))),
-    ("down", grid(down_block_h=(32, 64, 128), down_block_i=(64, 128, 256), down_warps=(2, 4, 8))),
-    ("stages", grid(num_stages=(2, 3, 4))),
-    ("reduce", grid(reduce_block_h=(256, 1024, 2048))),
-    ("pdl at the best tiles", grid(pdl=(False, True))),
-]
+# defaults without it are the table's `hybridspec_nopdl`), then the tiles, the few-row tiles (scored
+# on the one-row case alone: only pieces of up to `few_rows` rows use them), and pdl again at the
+# best tiles. About 75 configs at 1-10 s each (compile, check, capture, 20 samples per case) on an
+# H200; --sweep-budget bounds it.
 SWEEP_CASES = ((16, 8), (16, 32), (16, 128), (1, 8))
+ONE_ROW_CASES = ((1, 8),)
+# (name, configs, the cases that score them: None for SWEEP_CASES)
+SWEEP_PHASES = [
+    ("pdl", grid(pdl=(False, True)), None),
+    ("gate/up", grid(gate_up_block_i=(32, 64, 128), gate_up_block_h=(128, 256, 512), gate_up_warps=(2, 4, 8)), None),
+    ("down", grid(down_block_h=(32, 64, 128), down_block_i=(64, 128, 256), down_warps=(2, 4, 8)), None),
+    ("few-row tiles", grid(few_rows_gate_up_block_i=(16, 32, 64, 128), few_rows_down_block_h=(16, 32, 64, 128)),
+     ONE_ROW_CASES),
+    ("stages", grid(num_stages=(2, 3, 4)), None),
+    ("reduce", grid(reduce_block_h=(256, 1024, 2048)), None),
+    ("pdl at the best tiles", grid(pdl=(False, True)), None),
+]
 
 
 def sweep(bench: Bench, samples: int, budget_s: float):
     """Greedy sweep of SWEEP_PHASES from the current config. Score: the worst latency / bytes-bound
-    ratio over SWEEP_CASES.
+    ratio over SWEEP_CASES (a phase with cases of its own is scored on those, then its best on all).
 
     Each config first runs eagerly on one sample per case and must match the naive twin (this also
     compiles it); a config that fails to compile (e.g. out of shared memory), to match, or to capture
@@ -276,7 +281,7 @@ def sweep(bench: Bench, samples: int, budget_s: float):
     best_score, best = float("inf"), dataclasses.asdict(moe_mod.KERNEL_CONFIG)
     scores = {}
 
-    def score_of(cfg: dict) -> float | None:
+    def score_of(cfg: dict, cases=cases) -> float | None:
         try:
             bench.check(cfg, cases)
             lat = []
@@ -293,12 +298,35 @@ def sweep(bench: Bench, samples: int, budget_s: float):
             torch.cuda.synchronize()
             return None
         score = max(t / bench.bound_us(c[1]) for t, c in zip(lat, cases))
-        results.append({"config": cfg, "latency_us": dict(zip(map(str, cases), lat)), "score": score})
+        results.append({"config": cfg, "latency_us": dict(zip(map(str, cases), lat)), "score": score,
+                        "scored_on": [str(c) for c in cases]})
         print(f"  score {score:5.2f}  " + " ".join(f"{t:7.1f}" for t in lat) + f"  {config_arg(cfg)}")
         return score
 
+    def own_phase(name, overrides, own_cases, best, best_score):
+        """A phase scored on `own_cases` alone (fields only those cases use): the best of its configs
+        there, then its score on all the cases, so that the next phases compare like with like."""
+        todo = [{**best, **o} for o in overrides]
+        print(f"phase {name}: {len(todo)} configs scored on {own_cases}, from {time.time() - t0:.0f} s")
+        phase_best, phase_score = best, score_of(best, own_cases)
+        for i, cfg in enumerate(todo):
+            if time.time() - t0 > budget_s:
+                not_run[name] = len(todo) - i
+                print(f"  budget of {budget_s:.0f} s spent: {len(todo) - i} configs of this phase not run")
+                break
+            score = score_of(cfg, own_cases)
+            if score is not None and (phase_score is None or score < phase_score):
+                phase_best, phase_score = cfg, score
+        if phase_best is best:
+            return best, best_score
+        score = scores[tuple(phase_best.items())] = score_of(phase_best)
+        return (phase_best, score) if score is not None else (best, best_score)
+
     print(f"sweep cases (rows, U): {cases}; score = max latency / bytes bound; latencies in us")
-    for name, overrides in SWEEP_PHASES:
+    for name, overrides, own_cases in SWEEP_PHASES:
+        if own_cases is not None:
+            best, best_score = own_phase(name, overrides, [c for c in own_cases if c in bench.samples], best, best_score)
+            continue
         # a config run in an earlier phase keeps its score
         todo = [cfg for cfg in ({**best, **o} for o in overrides) if tuple(cfg.items()) not in scores]
         print(f"phase {name}: {len(todo)} configs, from {time.time() - t0:.0f} s")

@@ -50,6 +50,12 @@ class MoEKernelConfig:
     # software-pipelined weight loads in flight per program (both weight kernels)
     num_stages: int = 3
     reduce_block_h: int = 1024
+    # pieces of at most `few_rows` rows (a decode step, a batched one) have a handful of leading
+    # slots (top-k, plus the shared expert), so the tiles above give them few programs: their own
+    # gate/up I tile and down H tile (`bench_moe.py --sweep` tunes them on its one-row case alone)
+    few_rows: int = 4
+    few_rows_gate_up_block_i: int = 64
+    few_rows_down_block_h: int = 64
     # programmatic dependent launch of down and reduce: each starts while the kernel before it runs,
     # 1.4-2 us less per call on an H200. Needs sm90+ CUDA; ignored on older GPUs and under the interpreter
     pdl: bool = True
@@ -101,7 +107,9 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
     s_gate_up, s_down, s_gate = shared if has_s else (gate_up, down, wts)
     slots = T * K + has_s
     block_h = cfg.gate_up_block_h if BM <= BLOCK_ROWS else min(cfg.gate_up_block_h, WIDE_PIECE_BLOCK_H)
-    bn, bk = _block(cfg.gate_up_block_i, I), _block(block_h, H)
+    few = T <= cfg.few_rows
+    bn = _block(cfg.few_rows_gate_up_block_i if few else cfg.gate_up_block_i, I)
+    bk = _block(block_h, H)
     moe_gate_up_kernel[(slots, I // bn)](
         x, ids, nt, gate_up, s_gate_up, h,
         T, E, row_off, x.stride(0),
@@ -110,7 +118,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages,
     )
     count_launch("moe_gate_up")
-    bn, bk = _block(cfg.down_block_h, H), _block(cfg.down_block_i, I)
+    bn, bk = _block(cfg.few_rows_down_block_h if few else cfg.down_block_h, H), _block(cfg.down_block_i, I)
     moe_down_kernel[(slots, H // bn)](
         h, ids, nt, down, s_down, y,
         T, E, row_off,

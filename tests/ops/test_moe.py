@@ -156,6 +156,24 @@ def test_shared_expert_matches_transformers_block(device, case):
     assert_rel(out[:n], ref, 1e-5, "out with the shared expert vs transformers")
 
 
+@pytest.mark.parametrize("T, n", [(1, None), (3, 2), (4, None), (9, 7)])
+def test_few_row_tiles(monkeypatch, device, T, n):
+    """Pieces of at most `few_rows` rows take their own gate/up and down tiles (a decode step has a
+    handful of leading slots); any tile that divides the dims gives the twin's result, routed and
+    with the shared expert, below and above the threshold."""
+    cfg = MoEKernelConfig(few_rows=4, few_rows_gate_up_block_i=16, few_rows_down_block_h=16)
+    monkeypatch.setattr(moe_mod, "KERNEL_CONFIG", cfg)
+    case = MoECase(T=T, K=8, E=12, H=64, I=32, dtype=torch.float32, routing="random", n=n, seed=T)
+    hidden, ids, wts, gate_up, down, nt = make_inputs(case, device)
+    shared = make_shared(case, device)
+    for extra in ({}, {"shared": shared}):
+        out = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt, **extra)
+        args = (hidden, ids, wts, gate_up, down, nt, *extra.get("shared", ()))
+        ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in args))
+        assert_rel(out.cpu(), ref, 1e-5, f"few-row tiles, {'with' if extra else 'without'} the shared expert")
+        _check_past_rows_zero(out.cpu(), n)
+
+
 @pytest.mark.parametrize("T, K, n", [(21, 2, None), (37, 1, 30), (64, 4, 50), (130, 2, 100)])
 def test_more_than_16_rows_run_in_pieces(device, T, K, n):
     """Up to 64 rows (four verification windows) run as one piece, more as 64-row pieces."""
