@@ -246,9 +246,9 @@ def grid(**axes) -> list[dict]:
 
 
 # Greedy phases, each on top of the best config so far: pdl on the defaults first (the previous
-# defaults without it are the table's `hybridspec_nopdl`), then the tiles, the few-row tiles (scored
-# on the one-row case alone: only pieces of up to `few_rows` rows use them), and pdl again at the
-# best tiles. About 75 configs at 1-10 s each (compile, check, capture, 20 samples per case) on an
+# defaults without it are the table's `hybridspec_nopdl`), then the tiles, the few-row tiles and
+# the fused down + reduce kernel (scored on the one-row case alone: only pieces of a few rows use
+# them), and pdl again at the best tiles. About 80 configs at 1-10 s each (compile, check, capture, 20 samples per case) on an
 # H200; --sweep-budget bounds it.
 SWEEP_CASES = ((16, 8), (16, 32), (16, 128), (1, 8))
 ONE_ROW_CASES = ((1, 8),)
@@ -259,6 +259,8 @@ SWEEP_PHASES = [
     ("down", grid(down_block_h=(32, 64, 128), down_block_i=(64, 128, 256), down_warps=(2, 4, 8)), None),
     ("few-row tiles", grid(few_rows_gate_up_block_i=(16, 32, 64, 128), few_rows_down_block_h=(16, 32, 64, 128)),
      ONE_ROW_CASES),
+    ("fused down + reduce at few rows",
+     [dict(fused_reduce_rows=0)] + grid(fused_reduce_rows=(4,), fused_reduce_block_h=(16, 32, 64)), ONE_ROW_CASES),
     ("stages", grid(num_stages=(2, 3, 4)), None),
     ("reduce", grid(reduce_block_h=(256, 1024, 2048)), None),
     ("pdl at the best tiles", grid(pdl=(False, True)), None),

@@ -77,6 +77,27 @@ def _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off,
 
 
 @triton.jit
+def _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n,
+               H: tl.constexpr, I: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """`h[e] @ down_e[cols_n].T` `[BM, BN]` in fp32 (`down_e` the shared weight `[H, I]` on the
+    shared expert's slot, else expert e's rows of `down_proj` `[E, H, I]`)."""
+    w_base = w_ptr + e.to(tl.int64) * (H * I)
+    if HAS_SHARED:
+        if shared:
+            w_base = sw_ptr
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, I, BK):
+        cols_k = k0 + tl.arange(0, BK)
+        h = tl.load(h_ptr + (e.to(tl.int64) * BM + rows[:, None]) * I + cols_k[None, :])  # [BM, BK]
+        w = tl.load(w_base + cols_n[:, None] * I + cols_k[None, :])  # [BN, BK]
+        if INTERPRET_BF16:
+            h, w = h.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def moe_gate_up_kernel(
     x_ptr, ids_ptr, num_tokens_ptr, w_ptr, sw_ptr, h_ptr,
     T, E, row_off, s_xt,
@@ -152,18 +173,8 @@ def moe_down_kernel(
         shared_rows = (rows * 0 + shared.to(tl.int32)) > 0  # [BM]
         # this program's columns of H; down_proj[e] is [H, I]
         cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
-        w_base = w_ptr + e.to(tl.int64) * (H * I)
-        if HAS_SHARED:
-            if shared:
-                w_base = sw_ptr
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(0, I, BK):
-            cols_k = k0 + tl.arange(0, BK)
-            h = tl.load(h_ptr + (e.to(tl.int64) * BM + rows[:, None]) * I + cols_k[None, :])  # [BM, BK]
-            w = tl.load(w_base + cols_n[:, None] * I + cols_k[None, :])  # [BN, BK]
-            if INTERPRET_BF16:
-                h, w = h.to(tl.float32), w.to(tl.float32)
-            acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
+        acc = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BN, BK, HAS_SHARED, PRECISION,
+                         INTERPRET_BF16)
         # each (row, j) that chose e gets its own copy, so a row naming e twice is counted twice
         for j in tl.static_range(K):
             e_j = tl.load(ids_ptr + rows * K + j, mask=rows < T, other=-1)
@@ -208,3 +219,65 @@ def moe_reduce_kernel(
     if INTERPRET_BF16:
         acc = _round_bf16(acc)
     tl.store(out_ptr + r * s_ot + cols, acc.to(dt))
+
+
+@triton.jit
+def moe_down_reduce_kernel(
+    h_ptr, ids_ptr, wt_ptr, num_tokens_ptr, w_ptr, sw_ptr, gate_ptr, out_ptr,
+    T, E, row_off, s_wt, s_wk, s_gt, s_ot,
+    H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
+    BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
+    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """Down projection and weighted sum in one launch, for pieces of a few rows (`fused_reduce_rows`).
+
+    Grid (H / BN,): each program owns BN output columns of every row and walks the slots in order;
+    a leading slot's expert `e` adds `coef_e[r] * (h[e] @ down_e[cols].T)` to row r's fp32 sum, where
+    `coef_e[r]` sums the weights of the row's valid assignments to e (zero for rows that did not
+    choose it, whose `h` rows are zero). The shared expert's slot keeps its product apart for the
+    block's roundings, as the reduce kernel makes them. No `y` buffer and no atomics: every output
+    is written once by one program, in a fixed order, so results repeat bit for bit. The order of the
+    sum (by leading slot, a row's repeated expert weighted once with the summed weight) differs from
+    the three-kernel path's (by assignment), so the two may differ in the last fp32 bits."""
+    i_n = tl.program_id(0)
+    # h is the gate/up kernel's output
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    rows = tl.arange(0, BM)
+    cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
+    n = T
+    if HAS_NUM_TOKENS:
+        n = tl.minimum(tl.load(num_tokens_ptr).to(tl.int32) - row_off, T)
+    kc = tl.arange(0, KP)
+    in_piece = (rows[:, None] < T) & (kc[None, :] < K)
+    ids2 = tl.load(ids_ptr + rows[:, None] * K + kc[None, :], mask=in_piece, other=-1)  # [BM, KP]
+    valid = in_piece & (rows[:, None] < n) & (ids2 >= 0) & (ids2 < E)
+    # NaN weights past n are dropped by where, not by a multiply
+    wts = tl.where(valid, tl.load(wt_ptr + rows[:, None] * s_wt + kc[None, :] * s_wk, mask=in_piece,
+                                  other=0.0).to(tl.float32), 0.0)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_s = tl.zeros([BM, BN], dtype=tl.float32)
+    EXTRA: tl.constexpr = 1 if HAS_SHARED else 0
+    for slot in range(0, T * K + EXTRA):
+        _, e, lead, shared = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
+                                          HAS_SHARED)
+        if lead:
+            y = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BN, BK, HAS_SHARED, PRECISION,
+                           INTERPRET_BF16)
+            # the shared slot's e = E matches no valid assignment: coef 0, and its product kept apart
+            coef = tl.sum(tl.where(ids2 == e, wts, 0.0), axis=1)  # [BM]
+            acc += coef[:, None] * y
+            if HAS_SHARED:
+                acc_s += y * shared.to(tl.float32)
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    if HAS_SHARED:
+        s_out = _round_to(acc_s, dt, INTERPRET_BF16)
+        logit = tl.load(gate_ptr + rows * s_gt, mask=rows < n, other=0.0).to(tl.float32)
+        gate = _round_to(tl.sigmoid(logit), dt, INTERPRET_BF16)
+        both = _round_to(acc, dt, INTERPRET_BF16) + _round_to(gate[:, None] * s_out, dt, INTERPRET_BF16)
+        acc = tl.where((rows < n)[:, None], both, 0.0)
+    if INTERPRET_BF16:
+        acc = _round_bf16(acc)
+    tl.store(out_ptr + rows[:, None] * s_ot + cols_n[None, :], acc.to(dt), mask=(rows < T)[:, None])
+
