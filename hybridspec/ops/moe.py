@@ -51,15 +51,10 @@ class MoEKernelConfig:
     # software-pipelined weight loads in flight per program (both weight kernels)
     num_stages: int = 3
     reduce_block_h: int = 1024
-    # pieces of at most `few_rows` rows (a decode step, a batched one) have a handful of leading
-    # slots (top-k, plus the shared expert), so the tiles above give them few programs: their own
-    # gate/up I tile and down H tile (`bench_moe.py --sweep` tunes them on its one-row case alone)
-    few_rows: int = 4
-    few_rows_gate_up_block_i: int = 64
-    few_rows_down_block_h: int = 64
     # pieces of at most this many rows run down and reduce as one kernel (`moe_down_reduce_kernel`:
     # a program per `fused_reduce_block_h` output columns walks the experts, so no y buffer and one
-    # launch less); 0: never. Off until `bench_moe.py --sweep` has measured it on the GPU
+    # launch less); 0: never. Off until `bench_moe.py --sweep` has measured it on the GPU (a one-row
+    # path of another shape, two launches over partial sums, lost to three: docs/benchmarks.md)
     fused_reduce_rows: int = 0
     fused_reduce_block_h: int = 16
     # programmatic dependent launch of down and reduce: each starts while the kernel before it runs,
@@ -114,9 +109,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
     s_gate_up, s_down, s_gate = shared if has_s else (gate_up, down, wts)
     slots = T * K + has_s
     block_h = cfg.gate_up_block_h if BM <= BLOCK_ROWS else min(cfg.gate_up_block_h, WIDE_PIECE_BLOCK_H)
-    few = T <= cfg.few_rows
-    bn = _block(cfg.few_rows_gate_up_block_i if few else cfg.gate_up_block_i, I)
-    bk = _block(block_h, H)
+    bn, bk = _block(cfg.gate_up_block_i, I), _block(block_h, H)
     moe_gate_up_kernel[(slots, I // bn)](
         x, ids, nt, gate_up, s_gate_up, h,
         T, E, row_off, x.stride(0),
@@ -136,7 +129,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         )
         count_launch("moe_down_reduce")
         return
-    bn, bk = _block(cfg.few_rows_down_block_h if few else cfg.down_block_h, H), _block(cfg.down_block_i, I)
+    bn, bk = _block(cfg.down_block_h, H), _block(cfg.down_block_i, I)
     moe_down_kernel[(slots, H // bn)](
         h, ids, nt, down, s_down, y,
         T, E, row_off,

@@ -265,11 +265,14 @@ def moe_down_reduce_kernel(
         if lead:
             y = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BN, BK, HAS_SHARED, PRECISION,
                            INTERPRET_BF16)
-            # the shared slot's e = E matches no valid assignment: coef 0, and its product kept apart
-            coef = tl.sum(tl.where(ids2 == e, wts, 0.0), axis=1)  # [BM]
-            acc += coef[:, None] * y
+            # the shared expert's product is kept apart (no multiply by a zero weight: 0 * inf is NaN)
             if HAS_SHARED:
-                acc_s += y * shared.to(tl.float32)
+                if shared:
+                    acc_s = y
+                else:
+                    acc += tl.sum(tl.where(ids2 == e, wts, 0.0), axis=1)[:, None] * y
+            else:
+                acc += tl.sum(tl.where(ids2 == e, wts, 0.0), axis=1)[:, None] * y
     dt: tl.constexpr = out_ptr.dtype.element_ty
     if HAS_SHARED:
         s_out = _round_to(acc_s, dt, INTERPRET_BF16)
