@@ -304,27 +304,29 @@ def sweep(bench: Bench, samples: int, budget_s: float):
         print(f"  score {score:5.2f}  " + " ".join(f"{t:7.1f}" for t in lat) + f"  {config_arg(cfg)}")
         return score
 
-    def own_phase(name, overrides, own_cases, best, best_score):
-        """A phase scored on `own_cases` alone (fields only those cases use): the best of its configs
-        there, then its score on all the cases; taken if that is within 3% of the best so far (its
-        fields do not change the other cases, so a larger score there is noise)."""
-        todo = [cfg for cfg in ({**best, **o} for o in overrides) if cfg != best]
-        print(f"phase {name}: {len(todo)} configs scored on {own_cases}, from {time.time() - t0:.0f} s")
-        if time.time() - t0 > budget_s:
-            not_run[name] = len(todo)
-            print(f"  budget of {budget_s:.0f} s spent: {len(todo)} configs of this phase not run")
-            return best, best_score
-        phase_best, phase_score = best, score_of(best, own_cases)
+    def scored(name, todo, on=cases):
+        """(config, score on `on`) for `todo` in order, until the budget is spent (the rest counted
+        in `not_run`)."""
+        out = []
         for i, cfg in enumerate(todo):
             if time.time() - t0 > budget_s:
                 not_run[name] = len(todo) - i
                 print(f"  budget of {budget_s:.0f} s spent: {len(todo) - i} configs of this phase not run")
                 break
-            score = score_of(cfg, own_cases)
-            if score is not None and (phase_score is None or score < phase_score):
-                phase_best, phase_score = cfg, score
-        if phase_best == best:
+            out.append((cfg, score_of(cfg, on)))
+        return out
+
+    def own_phase(name, overrides, own_cases, best, best_score):
+        """A phase scored on `own_cases` alone (fields only those cases use): the best of its configs
+        there, the current one first (it wins ties), then its score on all the cases; taken if that
+        is within 3% of the best so far (its fields do not change the other cases, so a larger score
+        there is noise)."""
+        todo = [cfg for cfg in ({**best, **o} for o in overrides) if cfg != best]
+        print(f"phase {name}: {len(todo)} configs scored on {own_cases}, from {time.time() - t0:.0f} s")
+        ran = [(score, i) for i, (_, score) in enumerate(scored(name, [best, *todo], own_cases)) if score is not None]
+        if not ran or min(ran)[1] == 0:
             return best, best_score
+        phase_best = todo[min(ran)[1] - 1]
         score = scores[tuple(phase_best.items())] = score_of(phase_best)
         if score is None or score > best_score * 1.03:
             print(f"  the phase's best scores {score} on all cases against {best_score:.2f}: kept the previous config")
@@ -339,12 +341,8 @@ def sweep(bench: Bench, samples: int, budget_s: float):
         # a config run in an earlier phase keeps its score
         todo = [cfg for cfg in ({**best, **o} for o in overrides) if tuple(cfg.items()) not in scores]
         print(f"phase {name}: {len(todo)} configs, from {time.time() - t0:.0f} s")
-        for i, cfg in enumerate(todo):
-            if time.time() - t0 > budget_s:
-                not_run[name] = len(todo) - i
-                print(f"  budget of {budget_s:.0f} s spent: {len(todo) - i} configs of this phase not run")
-                break
-            score = scores[tuple(cfg.items())] = score_of(cfg)
+        for cfg, score in scored(name, todo):
+            scores[tuple(cfg.items())] = score
             if score is not None and score < best_score:
                 best_score, best = score, cfg
     print(f"sweep took {time.time() - t0:.0f} s ({len(results)} configs)")

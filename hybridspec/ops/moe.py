@@ -179,7 +179,9 @@ def _moe_experts_op(
     # apart); h is indexed by expert (each expert has one leading slot per piece; the shared
     # expert is index E), y by assignment (the shared expert's after the k routed ones)
     h = torch.empty(E + has_s, BM, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [experts, rows, I]
-    y = torch.empty(BM, K + has_s, H, dtype=torch.float32, device=hidden.device)  # [rows, k (+1), H]
+    # (none where the only piece runs down and reduce as one kernel)
+    y = torch.empty(BM, K + has_s, H, dtype=torch.float32, device=hidden.device) \
+        if T > KERNEL_CONFIG.fused_reduce_rows else None  # [rows, k (+1), H]
     gate = shared_gate.reshape(T, 1) if has_s else None
     use_pdl = _use_pdl(KERNEL_CONFIG, hidden)
     # Beyond 64 rows: consecutive 64-row pieces, each reading its own experts once (correct and

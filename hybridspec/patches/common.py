@@ -129,18 +129,22 @@ def route_logits(family, router, logits: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-              num_tokens: torch.Tensor | None = None, shared_in: list | None = None) -> torch.Tensor:
+              num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Routed experts on `hybridspec.ops.moe_experts` (cost follows the distinct experts the w
     tokens touch) plus the block's own shared expert; `x` `[B, w, H]`, `ids`/`weights` `[B, w, k]`.
     `num_tokens` `[B]`: each row's counted tokens; its rows past them read no routed expert (their
     output is never read: at B = 1 with the shared expert inside the op they come out zero, else
     they hold the shared expert's output alone).
-    `shared_in`: the outputs of the block's fused GEMM after the router's (the shared expert's
-    sigmoid gate, and where the experts op does not run the shared expert, its gate and up
-    projections) where the caller has them.
 
     Where `shared_as_expert` allows, the experts op runs the shared expert too, as one more expert
     every row chose: the block is then the fused GEMM, the router's tail and the op's three launches."""
+    return _moe_apply(mlp, x, ids, weights, num_tokens, None, shared_as_expert(mlp))
+
+
+def _moe_apply(mlp, x, ids, weights, num_tokens, shared_in: list | None, ninth) -> torch.Tensor:
+    """`moe_apply` given `shared_as_expert(mlp)` (`ninth`) and, where the caller ran the block's
+    fused GEMM, its outputs after the router's (`shared_in`: the shared expert's sigmoid gate, and
+    where the experts op does not run the shared expert, its gate and up projections)."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
     if num_tokens is not None and B > 1:
@@ -151,7 +155,6 @@ def moe_apply(mlp, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         ids = torch.where(counted[..., None], ids, -1)
         num_tokens = None
     ids, weights = ids.reshape(B * w, -1), weights.reshape(B * w, -1)
-    ninth = shared_as_expert(mlp)
     if ninth is not None:
         (gate,) = shared_in or project(mlp, "moe", moe_linears(mlp), flat, skip=1, take=1, gemm=moe_gemm)
         out = hybridspec_experts_forward(mlp.experts, flat, ids, weights, num_tokens=num_tokens, shared=(*ninth, gate))
@@ -201,7 +204,7 @@ def shared_as_expert(mlp) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
     first = mlp.gate.weight.shape[0] + mlp.shared_expert_gate.weight.shape[0]
     gate_up = stacked[first : first + 2 * down.weight.shape[1]]
-    if gate_up.shape[0] != 2 * down.weight.shape[1] or experts.gate_up_proj.shape[1:] != gate_up.shape:
+    if experts.gate_up_proj.shape[1:] != gate_up.shape:
         return None
     if not (experts.gate_up_proj.dtype == gate_up.dtype == down.weight.dtype and down.weight.is_contiguous()
             and experts.gate_up_proj.device == gate_up.device == down.weight.device):
@@ -267,10 +270,11 @@ def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
         return dense_mlp(mlp, x)
     # the router and the shared expert's gate; the shared expert's projections too where the
     # experts op does not run it
-    take = 2 if shared_as_expert(mlp) is not None else None
+    ninth = shared_as_expert(mlp)
+    take = None if ninth is None else 2
     fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, x.shape[-1]), gemm=moe_gemm, take=take)
     logits, shared_in = (fused[0], fused[1:]) if fused is not None else (None, None)
     ids, weights = route(family, mlp, x, logits)
     if routing is not None:
         routing.append(ids)
-    return moe_apply(mlp, x, ids, weights, num_tokens, shared_in)
+    return _moe_apply(mlp, x, ids, weights, num_tokens, shared_in, ninth)
