@@ -18,7 +18,8 @@ Qwen3.5/3.6-MoE and Qwen3-Next targets, a DFlash drafter, inside transformers' o
     enforce_eager=False      run the fixed-shape runner without CUDA graphs or torch.compile (debugging)
     reference_loop=False     run the host-driven reference loop even where the runner could serve the call
     return_dict_in_generate=True   the output has `hybridspec_stats`: per-round `verify_lengths`,
-                             `nominal_lengths`, `accepted`, `mean_acceptance_length`, `rounds`, `decode_seconds`
+                             `nominal_lengths`, `accepted`, `mean_acceptance_length`, `rounds`, `decode_seconds`,
+                             `prefill_seconds`
 
 Greedy outputs are the target's own, token for token; sampling keeps target-only sampling's
 distribution. Public names: `enable`, `disable`, `DFlashDrafter`, `tiny` (a seeded tiny target and

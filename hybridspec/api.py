@@ -59,7 +59,7 @@ def enable(model):
 
     With `return_dict_in_generate=True` the output also has `hybridspec_stats` (per-round
     `verify_lengths`, `nominal_lengths`, `accepted`; `rounds`, `mean_acceptance_length`,
-    `decode_seconds`). Batches of 1 to 4 rows, left-padded with an `attention_mask` (what tokenizers
+    `decode_seconds`, `prefill_seconds`: the time to the first token). Batches of 1 to 4 rows, left-padded with an `attention_mask` (what tokenizers
     give with `padding_side="left"`); more rows, right padding and beam search raise. At batch size
     2 and more, one length serves the whole batch per round: `verify_length`, `policy="hybridspec"` or
     `"static"`. `disable(model)` undoes it.

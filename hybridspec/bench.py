@@ -128,19 +128,23 @@ class StaticAR:
         self.warmup_s = time.perf_counter() - t0
 
     def timed_pass(self) -> list[float]:
-        seconds, self.outs = [], []
+        seconds, self.outs, self.ttft = [], [], []
         for p in self.prompts:
             stamps = _Stamps()
+            torch.cuda.synchronize()
+            called = time.perf_counter()
             out = self.model.generate(p, streamer=stamps, **self.kwargs)
             self.outs.append(out[0, p.shape[1]:])
             # stamps: [prompt, token 1, ..., token n]
             seconds.append(stamps.times[-1] - stamps.times[1])
+            self.ttft.append(stamps.times[1] - called)
         return seconds
 
     def __call__(self):
-        """A row's pass: (continuations, seconds per prompt, no statistics)."""
+        """A row's pass: (continuations, seconds per prompt, no statistics, seconds to the first token
+        per prompt: from the `generate` call, its preparation included)."""
         seconds = self.timed_pass()
-        return self.outs, seconds, None
+        return self.outs, seconds, None, self.ttft
 
 
 def transformers_static(model, prompts, new):
@@ -164,7 +168,8 @@ class _Passes:
         self.runner = None
 
     def ar(self):
-        """Our runner's AR (batched at B > 1): continuations per row and decode seconds per batch."""
+        """Our runner's AR (batched at B > 1): continuations per row, decode seconds per batch, no
+        statistics, and seconds to the first token per batch (prefill and the first token's read)."""
         from hybridspec.round.stopping import HostStopping
         from hybridspec.runner import Runner
 
@@ -172,20 +177,27 @@ class _Passes:
             self.runner = Runner(self.model, capacity=max(ids.shape[1] for ids, _ in self.batches) + self.new,
                                  batch_size=self.batch_size)
         eos = set(torch.as_tensor(self.eos).flatten().tolist()) if self.eos is not None else set()
-        outs, seconds = [], []
+        outs, seconds, ttft = [], [], []
         for n, (ids, mask) in enumerate([self.batches[0]] + self.batches):
             P = ids.shape[1]
             new = min(8, self.new) if n == 0 else self.new
+            if ids.is_cuda:
+                torch.cuda.synchronize(ids.device)
+            started = time.perf_counter()
             first, _ = self.runner.start(ids, None, mask, None if mask is None else _positions(mask))
-            rows, stats = self.runner.decode_batch(P, first[:, 0].tolist(), HostStopping(P + new, eos, []))
+            # the read waits for the prefill: the time to the first token, as `generate` counts it
+            first_tokens = first[:, 0].tolist()
+            prefill = time.perf_counter() - started
+            rows, stats = self.runner.decode_batch(P, first_tokens, HostStopping(P + new, eos, []))
             if n > 0:
                 outs.extend(torch.tensor(r, device=ids.device) for r in rows)
                 seconds.append(stats.decode_seconds)
-        return outs, seconds, None
+                ttft.append(prefill)
+        return outs, seconds, None, ttft
 
     def speculative(self, kwargs):
-        """One method's continuations (per row), decode seconds and statistics per batch, after a
-        short warm-up call (the method's runner is captured, on CUDA, outside the timed calls)."""
+        """One method's continuations (per row), decode seconds, statistics and seconds to the first
+        token (`HybridSpecStats.prefill_seconds`) per batch, after a short warm-up call (the method's runner is captured, on CUDA, outside the timed calls)."""
         outs, seconds, stats = [], [], []
         self._generate(0, dict(kwargs, max_new_tokens=min(8, self.new)))
         for i, (ids, _) in enumerate(self.batches):
@@ -194,7 +206,7 @@ class _Passes:
             outs.extend(_until_eos(row, self.eos) for row in res.sequences[:, ids.shape[1]:].unbind(0))
             seconds.append(res.hybridspec_stats.decode_seconds)
             stats.append(res.hybridspec_stats)
-        return outs, seconds, stats
+        return outs, seconds, stats, [s.prefill_seconds for s in stats]
 
     def _generate(self, i, kwargs):
         ids, mask = self.batches[i]
@@ -236,9 +248,11 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
-def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, calibration_noise=None, batch_size=1):
+def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, calibration_noise=None, batch_size=1,
+         ttft=None):
     """`seconds`: per repeat, decode seconds per prompt (per batch at B > 1: tokens/s is then the
-    total over the batch's rows); `ar`: the AR row (None for AR itself)."""
+    total over the batch's rows); `ar`: the AR row (None for AR itself); `ttft`: seconds to the
+    first token of every call (prompt or batch) over the repeats."""
     tokens = sum(len(o) - 1 for o in outs)
     rates = [tokens / sum(s) for s in seconds]
     ar_rates = rates if ar is None else ar["tokens_per_s_repeats"]
@@ -255,6 +269,7 @@ def _row(name, outs, seconds, ar, stats=None, forced=False, simulated=False, cal
         exact_match_rate=None if forced else float(np.mean(same)),
         token_agreement=None if forced else float(np.mean(agree)),
         distinct_token_ratio=float(np.mean(distinct)), noisy=bool(reasons), noise_reasons=reasons,
+        ttft_ms=statistics.median(ttft) * 1e3 if ttft else None,
     )
     if forced:
         row["exactness"] = "not applicable: forced acceptance emits the AR continuation by construction"
@@ -389,23 +404,25 @@ def run(args) -> dict:
 
     # repeats interleaved across rows: load on the machine lands on every row alike
     seconds = {name: [] for name in runs}
+    ttft = {name: [] for name in runs}
     results = {}
     for r in range(repeats):
         for name, fn in runs.items():
-            outs, secs, stats = fn()
+            outs, secs, stats, first = fn()
             seconds[name].append(secs)
+            ttft[name].extend(first)
             results[name] = (outs, stats)
         print(f"  repeat {r + 1}/{repeats} done ({time.perf_counter() - t0:.0f} s)")
-    ar_row = _row(AR, results[AR][0], seconds[AR], None, batch_size=B)
+    ar_row = _row(AR, results[AR][0], seconds[AR], None, batch_size=B, ttft=ttft[AR])
     ar_row["outs"] = results[AR][0]
     rows = [ar_row]
     if HF in runs:
-        rows.append(_row(HF, results[HF][0], seconds[HF], ar_row))
+        rows.append(_row(HF, results[HF][0], seconds[HF], ar_row, ttft=ttft[HF]))
         # with fla importable, transformers runs fla's GDN kernels in its AR; without it, its torch path
         rows[-1].update(compile_warmup_s=static.warmup_s, fla_importable=importlib.util.find_spec("fla") is not None)
     for name in meta:
         outs, stats = results[name]
-        rows.append(_row(name, outs, seconds[name], ar_row, stats, batch_size=B, **meta[name]))
+        rows.append(_row(name, outs, seconds[name], ar_row, stats, batch_size=B, ttft=ttft[name], **meta[name]))
     del ar_row["outs"]
 
     result = dict(

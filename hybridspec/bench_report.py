@@ -14,6 +14,8 @@ COLUMNS = (
     ("simulated", "sim", "yes: acceptance simulated (replay drafter or forced acceptance), not a drafter's own"),
     ("tokens_per_s", "tok/s", "decode tokens per second after the first token (prefill excluded), summed over the "
                               "prompts; median over the repeats"),
+    ("ttft_ms", "TTFT ms", "time to the first token, median over the calls: the prefill and the first token's read "
+                           "(device synchronised); transformers' row from its `generate` call on"),
     ("spread", "spread", "(max - min) / median of the per-repeat tokens/s"),
     ("speedup_vs_ar", "vs AR", "median over the repeats of this row's tokens/s over AR (ours) in the same repeat"),
     ("mean_acceptance_length", "accept len", "mean tokens emitted per round (and per row in a batch): accepted drafts + 1"),

@@ -141,6 +141,8 @@ def test_tiny_bench_end_to_end(tmp_path):
     rows = {r["method"]: r for r in saved["rows"]}
     assert list(rows) == [bench.AR] + [name for name, _ in bench.METHODS]
     assert rows[bench.AR]["simulated"] is False
+    # every row times its first token, and that prefill is not part of its decode seconds
+    assert all(r["ttft_ms"] > 0 for r in saved["rows"])
     for name, _ in bench.METHODS:
         row = rows[name]
         assert row["simulated"] is True and len(row["tokens_per_s_repeats"]) == 2 and "noisy" in row

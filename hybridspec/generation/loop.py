@@ -4,6 +4,7 @@ the CUDA-graph runner where it can serve the call, else the reference loop. Both
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -67,12 +68,19 @@ def _decode_on_runner(model, input_ids, logits_processor, stopping_criteria, gen
                            opts.accept, batch_size=size)
     streamer = opts.streamer
     P = input_ids.shape[1]
+    if ids.is_cuda:
+        torch.cuda.synchronize(ids.device)
+    prefill_started = time.perf_counter()
     first, _ = runner.start(ids, logits_processor, mask, positions)
+    # the host's read of the first tokens waits for the prefill: the time to the first token
+    first_tokens = first[:, 0].tolist()
+    prefill_seconds = time.perf_counter() - prefill_started
     stop = HostStopping.from_criteria(stopping_criteria, generation_config.max_length)
     put = None if streamer is None else (lambda tokens: streamer.put(torch.tensor([tokens])))
     if put is not None:
-        put([int(first[0, 0])])
-    rows, stats = runner.decode_batch(P, first[:, 0].tolist(), stop, put, live=B)
+        put(first_tokens[:1])
+    rows, stats = runner.decode_batch(P, first_tokens, stop, put, live=B)
+    stats.prefill_seconds = prefill_seconds
     if streamer is not None:
         streamer.end()
     rows = [torch.cat([input_ids[b:b + 1], torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)],

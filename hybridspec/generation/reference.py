@@ -60,12 +60,14 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
 
         return take
 
+    prefill_started = _now(input_ids.device)
     first, processed, logits = start(target, state, drafter, input_ids, process, sampler, max_len, attention_mask,
                                      position_ids)
-    for b, token in enumerate(first[:, 0].tolist()):
+    first_tokens = first[:, 0].tolist()
+    stats = HybridSpecStats(prefill_seconds=time.perf_counter() - prefill_started)
+    for b, token in enumerate(first_tokens):
         done[b] = take_from(b, first, processed[:, None], logits[:, None])(0, token)
     rnd = Round(target, state, drafter, opts.policy, sampler, exact=True, record_routing=recorder is not None)
-    stats = HybridSpecStats()
     started = _now(input_ids.device)
     while not all(done):
         if recorder is not None:

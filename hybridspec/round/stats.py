@@ -18,6 +18,9 @@ class HybridSpecStats:
     # wall time of the rounds (after the prefill and the first token; device synchronised); the
     # runner's includes the rounds launched past the stop
     decode_seconds: float = field(default=0.0, compare=False)
+    # time to the first token: wall seconds from the prefill's start until the host holds the first
+    # token (device synchronised); transformers' preparation of the call before it is not counted
+    prefill_seconds: float = field(default=0.0, compare=False)
     # distinct Layer-0 experts per round (-1: no router boundary)
     layer0_experts: list[int] = field(default_factory=list, compare=False)
     # the runner's host seconds per round outside waiting for the device, the part of it in the

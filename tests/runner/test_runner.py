@@ -116,6 +116,18 @@ def test_runner_streams_what_it_returns(pair):
     assert streamer.seen == ref[0].tolist() + ["end"]
 
 
+def test_both_loops_time_the_first_token_apart_from_the_rounds(pair):
+    model, drafter = pair
+    prompt, ref = reference(model, 5)
+    runner_out, loop_out = both_loops(model, drafter, prompt, ref, 5, verify_length=8)
+    for out, ahead in ((runner_out, True), (loop_out, False)):
+        assert torch.equal(out.sequences, ref)
+        stats = out.hybridspec_stats
+        assert stats.prefill_seconds > 0 and stats.decode_seconds > 0
+        # the runner counts the rounds it launched; the reference loop launches none ahead
+        assert (stats.launched > 0) == ahead
+
+
 def test_autoregressive_runner_equals_target_only(pair):
     model, _ = pair
     prompt, ref = reference(model, 4)
