@@ -246,23 +246,18 @@ def grid(**axes) -> list[dict]:
 
 
 # Greedy phases, each on top of the best config so far: pdl on the defaults first (the previous
-# defaults without it are the table's `hybridspec_nopdl`), then the tiles, the fused down + reduce
-# kernel (scored on the few-row cases alone: only pieces of a few rows use it), and pdl again at the
+# defaults without it are the table's `hybridspec_nopdl`), then the tiles, and pdl again at the
 # best tiles. About 70 configs at 1-10 s each (compile, check, capture, 20 samples per case) on an
 # H200; --sweep-budget bounds it.
 SWEEP_CASES = ((16, 8), (16, 32), (16, 128), (1, 8))
-# a decode step, and a batched one (B = 4 rows, 32 experts): the pieces the fused down + reduce serves
-FEW_ROW_CASES = ((1, 8), (4, 32))
-# (name, configs, the cases that score them: None for SWEEP_CASES)
+# (name, configs)
 SWEEP_PHASES = [
-    ("pdl", grid(pdl=(False, True)), None),
-    ("gate/up", grid(gate_up_block_i=(32, 64, 128), gate_up_block_h=(128, 256, 512), gate_up_warps=(2, 4, 8)), None),
-    ("down", grid(down_block_h=(32, 64, 128), down_block_i=(64, 128, 256), down_warps=(2, 4, 8)), None),
-    ("fused down + reduce at few rows",
-     [dict(fused_reduce_rows=0)] + grid(fused_reduce_rows=(1, 4), fused_reduce_block_h=(16, 32, 64)), FEW_ROW_CASES),
-    ("stages", grid(num_stages=(2, 3, 4)), None),
-    ("reduce", grid(reduce_block_h=(256, 1024, 2048)), None),
-    ("pdl at the best tiles", grid(pdl=(False, True)), None),
+    ("pdl", grid(pdl=(False, True))),
+    ("gate/up", grid(gate_up_block_i=(32, 64, 128), gate_up_block_h=(128, 256, 512), gate_up_warps=(2, 4, 8))),
+    ("down", grid(down_block_h=(32, 64, 128), down_block_i=(64, 128, 256), down_warps=(2, 4, 8))),
+    ("stages", grid(num_stages=(2, 3, 4))),
+    ("reduce", grid(reduce_block_h=(256, 1024, 2048))),
+    ("pdl at the best tiles", grid(pdl=(False, True))),
 ]
 
 
@@ -282,7 +277,7 @@ def sweep(bench: Bench, samples: int, budget_s: float):
     best_score, best = float("inf"), dataclasses.asdict(moe_mod.KERNEL_CONFIG)
     scores = {}
 
-    def score_of(cfg: dict, cases=cases) -> float | None:
+    def score_of(cfg: dict) -> float | None:
         try:
             bench.check(cfg, cases)
             lat = []
@@ -304,40 +299,20 @@ def sweep(bench: Bench, samples: int, budget_s: float):
         print(f"  score {score:5.2f}  " + " ".join(f"{t:7.1f}" for t in lat) + f"  {config_arg(cfg)}")
         return score
 
-    def scored(name, todo, on=cases):
-        """(config, score on `on`) for `todo` in order, until the budget is spent (the rest counted
-        in `not_run`)."""
+    def scored(name, todo):
+        """(config, score) for `todo` in order, until the budget is spent (the rest counted in
+        `not_run`)."""
         out = []
         for i, cfg in enumerate(todo):
             if time.time() - t0 > budget_s:
                 not_run[name] = len(todo) - i
                 print(f"  budget of {budget_s:.0f} s spent: {len(todo) - i} configs of this phase not run")
                 break
-            out.append((cfg, score_of(cfg, on)))
+            out.append((cfg, score_of(cfg)))
         return out
 
-    def own_phase(name, overrides, own_cases, best, best_score):
-        """A phase scored on `own_cases` alone (fields only those cases use): the best of its configs
-        there, the current one first (it wins ties), then its score on all the cases; taken if that
-        is within 3% of the best so far (its fields do not change the other cases, so a larger score
-        there is noise)."""
-        todo = [cfg for cfg in ({**best, **o} for o in overrides) if cfg != best]
-        print(f"phase {name}: {len(todo)} configs scored on {own_cases}, from {time.time() - t0:.0f} s")
-        ran = [(score, i) for i, (_, score) in enumerate(scored(name, [best, *todo], own_cases)) if score is not None]
-        if not ran or min(ran)[1] == 0:
-            return best, best_score
-        phase_best = todo[min(ran)[1] - 1]
-        score = scores[tuple(phase_best.items())] = score_of(phase_best)
-        if score is None or score > best_score * 1.03:
-            print(f"  the phase's best scores {score} on all cases against {best_score:.2f}: kept the previous config")
-            return best, best_score
-        return phase_best, min(score, best_score)
-
     print(f"sweep cases (rows, U): {cases}; score = max latency / bytes bound; latencies in us")
-    for name, overrides, own_cases in SWEEP_PHASES:
-        if own_cases is not None:
-            best, best_score = own_phase(name, overrides, [c for c in own_cases if c in bench.samples], best, best_score)
-            continue
+    for name, overrides in SWEEP_PHASES:
         # a config run in an earlier phase keeps its score
         todo = [cfg for cfg in ({**best, **o} for o in overrides) if tuple(cfg.items()) not in scores]
         print(f"phase {name}: {len(todo)} configs, from {time.time() - t0:.0f} s")

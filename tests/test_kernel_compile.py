@@ -54,5 +54,3 @@ def test_moe_kernels_compile_for_sm90(dtype, shared, pdl):
                  fp32_pointers=("y_ptr",), num_warps=2)
     compile_sm90(moe_triton.moe_reduce_kernel, dtype, {"H": 2048, "K": 8, "BN": 1024, **flags},
                  fp32_pointers=("y_ptr",))
-    compile_sm90(moe_triton.moe_down_reduce_kernel, dtype, {**SHAPE, **flags, **prec, "BN": 16, "BK": 128},
-                 num_warps=2)

@@ -3,9 +3,8 @@
 Same form as the GDN ops (docs/design.md, "Ops"): a `torch.library.custom_op` whose body launches the
 Triton kernels (hybridspec/ops/moe_triton.py) for CUDA tensors, and for CPU tensors under
 `TRITON_INTERPRET=1`, and runs the naive twin otherwise. The wrapper validates; the kernels trust
-their inputs. Three launches per piece of up to 64 rows (gate/up, down, reduce; two for pieces of
-at most `KERNEL_CONFIG.fused_reduce_rows` rows, off by default), no host sync, no data-dependent
-shapes. With `KERNEL_CONFIG.pdl` on an sm90+ GPU, down and reduce use programmatic
+their inputs. Three launches per piece of up to 64 rows (gate/up, down, reduce), no host sync, no
+data-dependent shapes. With `KERNEL_CONFIG.pdl` on an sm90+ GPU, down and reduce use programmatic
 dependent launch: each is launched while the kernel before it runs and waits inside for its output.
 """
 
@@ -51,12 +50,6 @@ class MoEKernelConfig:
     # software-pipelined weight loads in flight per program (both weight kernels)
     num_stages: int = 3
     reduce_block_h: int = 1024
-    # pieces of at most this many rows run down and reduce as one kernel (`moe_down_reduce_kernel`:
-    # a program per `fused_reduce_block_h` output columns walks the experts, so no y buffer and one
-    # launch less); 0: never. Off until `bench_moe.py --sweep` has measured it on the GPU (a one-row
-    # path of another shape, two launches over partial sums, lost to three: docs/benchmarks.md)
-    fused_reduce_rows: int = 0
-    fused_reduce_block_h: int = 16
     # programmatic dependent launch of down and reduce: each starts while the kernel before it runs,
     # 1.4-2 us less per call on an H200. Needs sm90+ CUDA; ignored on older GPUs and under the interpreter
     pdl: bool = True
@@ -85,10 +78,9 @@ def piece_rows(T: int) -> int:
 
 
 def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y, out, use_pdl, BM):
-    """Run the kernels on one piece of at most BM rows (gate/up, down, reduce; or gate/up and the
-    fused down + reduce for pieces of at most `fused_reduce_rows` rows); `out` is that piece's rows.
+    """Run the kernels on one piece of at most BM rows (gate/up, down, reduce); `out` is that piece's rows.
     `shared`: the shared expert's `(gate_up [2I, H], down [H, I], gate logits [rows, 1])`, or None."""
-    from hybridspec.ops.moe_triton import moe_down_kernel, moe_down_reduce_kernel, moe_gate_up_kernel, moe_reduce_kernel
+    from hybridspec.ops.moe_triton import moe_down_kernel, moe_gate_up_kernel, moe_reduce_kernel
 
     cfg = KERNEL_CONFIG
     T, H = x.shape
@@ -118,17 +110,6 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages,
     )
     count_launch("moe_gate_up")
-    if T <= cfg.fused_reduce_rows:
-        bn, bk = _block(cfg.fused_reduce_block_h, H), _block(cfg.down_block_i, I)
-        moe_down_reduce_kernel[(H // bn,)](
-            h, ids, wts, nt, down, s_down, s_gate, out,
-            T, E, row_off, wts.stride(0), wts.stride(1), s_gate.stride(0), out.stride(0),
-            H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk,
-            HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
-            num_warps=cfg.down_warps, num_stages=cfg.num_stages, **launch_pdl,
-        )
-        count_launch("moe_down_reduce")
-        return
     bn, bk = _block(cfg.down_block_h, H), _block(cfg.down_block_i, I)
     moe_down_kernel[(slots, H // bn)](
         h, ids, nt, down, s_down, y,
@@ -179,9 +160,7 @@ def _moe_experts_op(
     # apart); h is indexed by expert (each expert has one leading slot per piece; the shared
     # expert is index E), y by assignment (the shared expert's after the k routed ones)
     h = torch.empty(E + has_s, BM, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [experts, rows, I]
-    # (none where the only piece runs down and reduce as one kernel)
-    y = torch.empty(BM, K + has_s, H, dtype=torch.float32, device=hidden.device) \
-        if T > KERNEL_CONFIG.fused_reduce_rows else None  # [rows, k (+1), H]
+    y = torch.empty(BM, K + has_s, H, dtype=torch.float32, device=hidden.device)  # [rows, k (+1), H]
     gate = shared_gate.reshape(T, 1) if has_s else None
     use_pdl = _use_pdl(KERNEL_CONFIG, hidden)
     # Beyond 64 rows: consecutive 64-row pieces, each reading its own experts once (correct and

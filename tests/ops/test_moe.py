@@ -156,35 +156,6 @@ def test_shared_expert_matches_transformers_block(device, case):
     assert_rel(out[:n], ref, 1e-5, "out with the shared expert vs transformers")
 
 
-@pytest.mark.parametrize("T, K, n, routing", [(1, 8, None, "random"), (2, 4, 1, "repeat"), (4, 2, None, "shared"),
-                                               (3, 1, 0, "random"), (5, 8, 3, "random"), (66, 2, 65, "random")])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_down_reduce(monkeypatch, device, T, K, n, routing, dtype):
-    """Pieces of at most `fused_reduce_rows` rows run down and reduce as one kernel (two launches a
-    piece): the twin's result with and without the shared expert, zero past num_tokens; larger
-    pieces keep three launches (66 rows: a 64-row piece, then a 2-row one at row 64). I = 96 walks
-    the down tile's I loop three times."""
-    monkeypatch.setattr(moe_mod, "KERNEL_CONFIG", MoEKernelConfig(fused_reduce_rows=4, down_block_i=32))
-    case = MoECase(T=T, K=K, E=12, H=64, I=96 if T < 66 else 32, dtype=dtype, routing=routing, n=n, seed=T + K)
-    hidden, ids, wts, gate_up, down, nt = make_inputs(case, device)
-    shared = make_shared(case, device)
-    sizes = [min(piece_rows(T), T - r0) for r0 in range(0, T, piece_rows(T))]
-    fused = sum(s <= 4 for s in sizes)
-    for extra in ({}, {"shared": shared}):
-        with expect_launch("moe_gate_up", len(sizes)), expect_launch("moe_down_reduce", fused), \
-                expect_launch("moe_down", len(sizes) - fused), expect_launch("moe_reduce", len(sizes) - fused):
-            out = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt, **extra)
-        args = (hidden, ids, wts, gate_up, down, nt, *extra.get("shared", ()))
-        ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in args))
-        assert_rel(out.cpu().float(), ref.float(), OUT_TOL[dtype], f"fused down + reduce ({extra.keys()})")
-        _check_past_rows_zero(out.cpu(), n)
-        if dtype == torch.bfloat16 and device == "cpu" and extra:
-            differ = (out.cpu() != ref).float().mean().item()
-            assert differ <= 0.02, f"{differ:.1%} of the values differ from the twin's roundings"
-        again = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt, **extra)
-        assert torch.equal(out, again), "the same bits every call"
-
-
 @pytest.mark.parametrize("T, K, n", [(21, 2, None), (37, 1, 30), (64, 4, 50), (130, 2, 100)])
 def test_more_than_16_rows_run_in_pieces(device, T, K, n):
     """Up to 64 rows (four verification windows) run as one piece, more as 64-row pieces."""
