@@ -1,9 +1,9 @@
-"""The MoE, router and GDN kernels (the few-row linear, the router's tail, the two fused; GDN verify,
-and conv + gates + verify fused) compile for an sm90 GPU (the H200) with the installed Triton, on a
-machine without one: the interpreter runs the kernels' Python, not Triton's compiler, so a construct
-the interpreter accepts and the compiler refuses would otherwise first fail on the GPU. Compiled to
-machine code (ptxas from Triton's wheel), never launched. The op tests under the interpreter check
-what the kernels compute; this checks that the compiler takes them."""
+"""The MoE kernels and the router's (the few-row linear, the router's tail, the two fused) compile
+for an sm90 GPU (the H200) with the installed Triton, on a machine without one: the interpreter
+runs the kernels' Python, not Triton's compiler, so a construct the interpreter accepts and the
+compiler refuses would otherwise first fail on the GPU. Compiled to machine code (ptxas from
+Triton's wheel), never launched. The op tests under the interpreter check what the kernels
+compute; this checks that the compiler takes them."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ nvidia = pytest.importorskip("triton.backends.nvidia")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from hybridspec.ops import (  # noqa: E402
-    gdn_conv_verify_triton, gdn_verify_triton, linear_triton, moe_triton, route_triton, router_triton,
-)
+from hybridspec.ops import linear_triton, moe_triton, route_triton, router_triton  # noqa: E402
 from hybridspec.ops.dispatch import TRITON_INTERPRET  # noqa: E402
 
 pytestmark = pytest.mark.skipif(TRITON_INTERPRET, reason="under the interpreter the kernels are not JIT functions")
@@ -26,14 +24,11 @@ SM90 = GPUTarget("cuda", 90, 32)
 # the 35B-A3B expert shape, one piece of 16 rows at top-8
 SHAPE = dict(H=2048, I=512, K=8, BM=16, KP=8, SP=128)
 INTEGER_POINTERS = {"ids_ptr": "*i64", "num_tokens_ptr": "*i64", "counter_ptr": "*i32"}
-# runtime float arguments (the others are int32)
-FLOAT_SCALARS = ("scale",)
 
 
 def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_warps=4):
     """`kernel` compiled for sm90: pointers of `dtype` (int64 for ids and lengths, int32 for a
-    counter, fp32 for `fp32_pointers`), `FLOAT_SCALARS` fp32, other runtime arguments int32,
-    `constexprs` by name."""
+    counter, fp32 for `fp32_pointers`), other runtime arguments int32, `constexprs` by name."""
     signature = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -42,8 +37,6 @@ def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_war
             signature[name] = INTEGER_POINTERS[name]
         elif name.endswith("_ptr"):
             signature[name] = "*fp32" if name in fp32_pointers else f"*{dtype}"
-        elif name in FLOAT_SCALARS:
-            signature[name] = "fp32"
         else:
             signature[name] = "i32"
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
@@ -76,19 +69,3 @@ def test_router_kernels_compile_for_sm90(dtype):
                  num_warps=1)
     compile_sm90(router_triton.router_topk_kernel, dtype, {**tile, "RB": 16, "EP": 256, "KP": 8, "NORMALIZE": True})
     compile_sm90(router_triton.router_topk_kernel, dtype, {**tile, "RB": 4, "EP": 1024, "KP": 16, "NORMALIZE": False})
-
-
-# the GDN factors and state are fp32 whatever the activations' dtype
-GDN_FP32 = ("state_ptr", "z_ptr", "kn_ptr", "gcum_ptr", "g_ptr", "beta_ptr")
-# the 35B-A3B GDN shape (16 key heads, 32 value heads of 128) and the ops' launch settings
-GDN_SHAPE = dict(HK=16, HV=32, K=128, V=128, BT=16, BV=32, BK=64)
-
-
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("bias, num_tokens", [(False, True), (True, False)])
-def test_gdn_kernels_compile_for_sm90(dtype, bias, num_tokens):
-    flags = dict(HAS_NUM_TOKENS=num_tokens, USE_L2NORM=True, PRECISION="tf32x3")
-    compile_sm90(gdn_verify_triton.gdn_verify_kernel, dtype, {**GDN_SHAPE, **flags}, fp32_pointers=GDN_FP32)
-    compile_sm90(gdn_conv_verify_triton.gdn_conv_verify_kernel, dtype,
-                 {**GDN_SHAPE, **flags, "KW": 4, "HAS_BIAS": bias, "INTERPRET": False},
-                 fp32_pointers=GDN_FP32 + ("alog_ptr",))

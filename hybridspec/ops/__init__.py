@@ -2,12 +2,10 @@
 
 from hybridspec.ops.attention import decode_attention
 from hybridspec.ops.gdn import GDNFactors, gdn_commit, gdn_verify, stack_factors
-from hybridspec.ops.gdn_conv import gdn_conv_verify
 from hybridspec.ops.linear import small_linear
 from hybridspec.ops.lm_head import lm_head_top1
 from hybridspec.ops.moe import moe_experts
 from hybridspec.ops.route import route_topk
 from hybridspec.ops.router import router_topk
 
-__all__ = ["GDNFactors", "decode_attention", "gdn_commit", "gdn_conv_verify", "gdn_verify", "lm_head_top1", "moe_experts",
-           "route_topk", "router_topk", "small_linear", "stack_factors"]
+__all__ = ["GDNFactors", "decode_attention", "gdn_commit", "gdn_verify", "lm_head_top1", "moe_experts", "route_topk", "router_topk", "small_linear", "stack_factors"]

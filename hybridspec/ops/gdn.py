@@ -39,13 +39,11 @@ COMMIT_CONFIG = {"BV": 32, "num_warps": 4}
 GPU_DOT_PRECISION = "tf32x3"
 
 
-def gdn_precision(t: torch.Tensor) -> str:
-    """`tl.dot`'s precision for the GDN kernels' fp32 operands on `t`'s device."""
+def _precision(t: torch.Tensor) -> str:
     return GPU_DOT_PRECISION if t.is_cuda else "ieee"
 
 
-def block_v(V: int, config: dict) -> int:
-    """The value-column tile of a program: the config's, or the whole head where that is narrower."""
+def _block_v(V: int, config: dict) -> int:
     return min(V, config["BV"])
 
 
@@ -72,7 +70,7 @@ def _gdn_verify_op(
     if use_triton(q):
         from hybridspec.ops.gdn_verify_triton import gdn_verify_kernel
 
-        BV = block_v(V, VERIFY_CONFIG)
+        BV = _block_v(V, VERIFY_CONFIG)
         gdn_verify_kernel[(V // BV, B * HV)](
             q, k, v, g, beta, state, num_tokens if num_tokens is not None else q,
             o, z_out, k_out, g_out,
@@ -83,7 +81,7 @@ def _gdn_verify_op(
             g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1),
             HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, BK=min(K, VERIFY_CONFIG["BK"]),
-            HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm, PRECISION=gdn_precision(q),
+            HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm, PRECISION=_precision(q),
             num_warps=VERIFY_CONFIG["num_warps"],
         )
         count_launch("gdn_verify")
@@ -117,12 +115,12 @@ def _gdn_commit_op(
     if use_triton(states):
         from hybridspec.ops.gdn_commit_triton import gdn_commit_kernel
 
-        BV = block_v(V, COMMIT_CONFIG)
+        BV = _block_v(V, COMMIT_CONFIG)
         gdn_commit_kernel[(V // BV, L * B * HV)](
             states, z, k, g_cum, num_commit,
             B, T,
             z.stride(0), k.stride(0), g_cum.stride(0),
-            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, PRECISION=gdn_precision(states),
+            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, PRECISION=_precision(states),
             num_warps=COMMIT_CONFIG["num_warps"],
         )
         count_launch("gdn_commit")
@@ -135,32 +133,11 @@ def _(states, z, k, g_cum, num_commit):
     return None
 
 
-def check_head_dim(name: str, d: int) -> None:
+def _check_head_dim(name: str, d: int) -> None:
     check(
         16 <= d <= 256 and d & (d - 1) == 0,
         f"{name} head dim must be a power of two in [16, 256], got {d}",
     )
-
-
-def factor_buffers(factors_out: GDNFactors | None, B: int, T: int, HK: int, HV: int, K: int, V: int,
-                   device: torch.device) -> GDNFactors:
-    """`factors_out` checked (contiguous fp32 of a round's shapes on `device`), or new buffers where None."""
-    if factors_out is None:
-        return GDNFactors(
-            torch.empty(B, T, HV, V, dtype=torch.float32, device=device),
-            torch.empty(B, T, HK, K, dtype=torch.float32, device=device),
-            torch.empty(B, T, HV, dtype=torch.float32, device=device),
-        )
-    for name, t, shape in (
-        ("z", factors_out.z, (B, T, HV, V)),
-        ("k", factors_out.k, (B, T, HK, K)),
-        ("g_cum", factors_out.g_cum, (B, T, HV)),
-    ):
-        check(
-            t.shape == shape and t.dtype == torch.float32 and t.is_contiguous() and t.device == device,
-            f"factors_out.{name} must be contiguous fp32 {list(shape)} on {device}, got {t.dtype} {tuple(t.shape)} on {t.device}",
-        )
-    return factors_out
 
 
 def gdn_verify(
@@ -190,8 +167,8 @@ def gdn_verify(
     check(v.dim() == 4 and v.shape[:2] == (B, T), f"v must be [B, T, HV, V] = [{B}, {T}, HV, V], got {tuple(v.shape)}")
     HV, V = v.shape[2:]
     check(HV % HK == 0, f"value heads ({HV}) must be a multiple of key heads ({HK}): v {tuple(v.shape)}, k {tuple(k.shape)}")
-    check_head_dim("key", K)
-    check_head_dim("value", V)
+    _check_head_dim("key", K)
+    _check_head_dim("value", V)
     check(g.shape == (B, T, HV) and beta.shape == (B, T, HV),
           f"g and beta must be [B, T, HV] = [{B}, {T}, {HV}], got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
     check(state.shape == (B, HV, K, V), f"state must be [B, HV, K, V] = [{B}, {HV}, {K}, {V}], got {tuple(state.shape)}")
@@ -202,7 +179,22 @@ def gdn_verify(
     for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
         check(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
     check_lengths("num_tokens", num_tokens, B, q.device)
-    factors_out = factor_buffers(factors_out, B, T, HK, HV, K, V, q.device)
+    if factors_out is None:
+        factors_out = GDNFactors(
+            torch.empty(B, T, HV, V, dtype=torch.float32, device=q.device),
+            torch.empty(B, T, HK, K, dtype=torch.float32, device=q.device),
+            torch.empty(B, T, HV, dtype=torch.float32, device=q.device),
+        )
+    else:
+        for name, t, shape in (
+            ("z", factors_out.z, (B, T, HV, V)),
+            ("k", factors_out.k, (B, T, HK, K)),
+            ("g_cum", factors_out.g_cum, (B, T, HV)),
+        ):
+            check(
+                t.shape == shape and t.dtype == torch.float32 and t.is_contiguous() and t.device == q.device,
+                f"factors_out.{name} must be contiguous fp32 {list(shape)} on {q.device}, got {t.dtype} {tuple(t.shape)} on {t.device}",
+            )
     o = _gdn_verify_op(
         q, k, v, g, beta, state, num_tokens, *factors_out,
         K**-0.5 if scale is None else float(scale), use_qk_l2norm,
@@ -243,7 +235,7 @@ def gdn_commit(
     for name, t in (("z", z), ("k", k), ("g_cum", g_cum)):
         check(t.dtype == torch.float32 and t.device == states.device, f"factors.{name} must be fp32 on {states.device}, got {t.dtype} on {t.device}")
         check(t[0].is_contiguous(), f"factors.{name} must be contiguous per layer, got strides {t.stride()}")
-    check_head_dim("key", K)
-    check_head_dim("value", V)
+    _check_head_dim("key", K)
+    _check_head_dim("value", V)
     check_lengths("num_commit", num_commit, B, states.device)
     _gdn_commit_op(states, z, k, g_cum, num_commit)

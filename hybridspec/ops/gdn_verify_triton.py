@@ -6,83 +6,13 @@ One program per (value-column tile, batch x value head). Per program, with T pad
     O = diag(e^G) Q S_0 + (M * Q K^T) Z
 
 Columns of V, Z and O are independent, so each program owns a BV-wide slice of them and recomputes
-the tiny T x T matrices. No per-token K x V state is formed. The products, the solve and the key
-store are helpers that `gdn_conv_verify_triton.py` shares.
+the tiny T x T matrices. No per-token K x V state is formed.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def _accumulate(q, k, S0, KS, QS, KK, QK, qq, kk, PRECISION: tl.constexpr):
-    """Add one BK-wide slice of the head dim (`q, k` `[BT, BK]`, `S0` `[BK, BV]`) to the products
-    with raw q, k; the l2 normalisation is a row/column scaling applied afterwards (`_solve`)."""
-    KS += tl.dot(k, S0, input_precision=PRECISION)
-    QS += tl.dot(q, S0, input_precision=PRECISION)
-    KK += tl.dot(k, tl.trans(k), input_precision=PRECISION)
-    QK += tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    qq += tl.sum(q * q, axis=1)
-    kk += tl.sum(k * k, axis=1)
-    return KS, QS, KK, QK, qq, kk
-
-
-@triton.jit
-def _solve(g, beta, v, KS, QS, KK, QK, qq, kk, n, scale, b, h, i_v, T,
-           o_ptr, z_ptr, gcum_ptr,
-           HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-           USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr):
-    """Eqs. 3 and 4 for value head h of batch row b from the accumulated products: store `o` and `z`
-    for the program's value columns and, from the first column tile, `g_cum`. Returns the keys'
-    normalisation factors `rk` `[BT]` (ones without l2 normalisation)."""
-    rows = tl.arange(0, BT)
-    cols_v = i_v * BV + tl.arange(0, BV)
-    in_bounds = rows < T
-    if USE_L2NORM:
-        rq = tl.rsqrt(qq + 1e-6) * scale
-        rk = tl.rsqrt(kk + 1e-6)
-    else:
-        rq = tl.zeros([BT], dtype=tl.float32) + scale
-        rk = tl.zeros([BT], dtype=tl.float32) + 1.0
-    KS = KS * rk[:, None]
-    QS = QS * rq[:, None]
-    KK = KK * rk[:, None] * rk[None, :]
-    QK = QK * rq[:, None] * rk[None, :]
-
-    G = tl.cumsum(g, axis=0)  # [BT]
-    # mask the exponent before exp: e^{G_i - G_j} for j > i overflows under strong decay
-    diff = G[:, None] - G[None, :]
-    causal = rows[:, None] >= rows[None, :]
-    decay = tl.exp(tl.where(causal, diff, float("-inf")))  # [BT, BT]
-    eG = tl.exp(G)
-
-    rhs = beta[:, None] * (v - eG[:, None] * KS)
-    strict = rows[:, None] > rows[None, :]
-    A = tl.where(strict, beta[:, None] * KK * decay, 0.0)
-
-    # Forward substitution as Z <- rhs - A Z: A is strictly lower triangular, so after i sweeps
-    # rows 0..i are final and each row is computed exactly as in row-by-row substitution.
-    Z = rhs
-    for _ in range(1, n):
-        Z = rhs - tl.dot(A, Z, input_precision=PRECISION)
-
-    O = eG[:, None] * QS + tl.dot(QK * decay, Z, input_precision=PRECISION)
-
-    out_rows = (b * T + rows[:, None]) * HV + h
-    tl.store(o_ptr + out_rows * V + cols_v[None, :], O.to(o_ptr.dtype.element_ty), mask=in_bounds[:, None])
-    tl.store(z_ptr + out_rows * V + cols_v[None, :], Z, mask=in_bounds[:, None])
-    if i_v == 0:
-        tl.store(gcum_ptr + (b * T + rows) * HV + h, G, mask=in_bounds)
-    return rk
-
-
-@triton.jit
-def _store_key(kn_ptr, k, b, hk, rows, cols_k, T, HK: tl.constexpr, K: tl.constexpr):
-    """Store normalised keys `k` `[BT, BK]` (rows of batch row b, key head hk, columns cols_k)."""
-    kn_rows = (b * T + rows[:, None]) * HK + hk
-    tl.store(kn_ptr + kn_rows * K + cols_k[None, :], k, mask=(rows < T)[:, None])
 
 
 @triton.jit
@@ -124,7 +54,8 @@ def gdn_verify_kernel(
     beta = tl.where(valid, beta, 0.0)
     v = tl.where(valid[:, None], v, 0.0)
 
-    # Products with raw q, k over BK-wide slices of the head dim (few registers live at a time)
+    # Products with raw q, k over BK-wide slices of the head dim (few registers live at a time);
+    # the l2 normalisation is a row/column scaling applied afterwards.
     q_base = q_ptr + b * sqb + rows[:, None] * sqt + hk * sqh
     k_base = k_ptr + b * skb + rows[:, None] * skt + hk * skh
     s_base = state_ptr + i_bh * K * V + cols_v[None, :]
@@ -141,12 +72,51 @@ def gdn_verify_kernel(
         q = tl.where(valid[:, None], q, 0.0)
         k = tl.where(valid[:, None], k, 0.0)
         S0 = tl.load(s_base + cols_k[:, None] * V)  # [BK, BV]
-        KS, QS, KK, QK, qq, kk = _accumulate(q, k, S0, KS, QS, KK, QK, qq, kk, PRECISION)
-    rk = _solve(g, beta, v, KS, QS, KK, QK, qq, kk, n, scale, b, h, i_v, T, o_ptr, z_ptr, gcum_ptr,
-                HV, V, BT, BV, USE_L2NORM, PRECISION)
+        KS += tl.dot(k, S0, input_precision=PRECISION)
+        QS += tl.dot(q, S0, input_precision=PRECISION)
+        KK += tl.dot(k, tl.trans(k), input_precision=PRECISION)
+        QK += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        qq += tl.sum(q * q, axis=1)
+        kk += tl.sum(k * k, axis=1)
+    if USE_L2NORM:
+        rq = tl.rsqrt(qq + 1e-6) * scale
+        rk = tl.rsqrt(kk + 1e-6)
+    else:
+        rq = tl.zeros([BT], dtype=tl.float32) + scale
+        rk = tl.zeros([BT], dtype=tl.float32) + 1.0
+    KS = KS * rk[:, None]
+    QS = QS * rq[:, None]
+    KK = KK * rk[:, None] * rk[None, :]
+    QK = QK * rq[:, None] * rk[None, :]
+
+    G = tl.cumsum(g, axis=0)  # [BT]
+    # mask the exponent before exp: e^{G_i - G_j} for j > i overflows under strong decay
+    diff = G[:, None] - G[None, :]
+    causal = rows[:, None] >= rows[None, :]
+    decay = tl.exp(tl.where(causal, diff, float("-inf")))  # [BT, BT]
+    eG = tl.exp(G)
+
+    rhs = beta[:, None] * (v - eG[:, None] * KS)
+    strict = rows[:, None] > rows[None, :]
+    A = tl.where(strict, beta[:, None] * KK * decay, 0.0)
+
+    # Forward substitution as Z <- rhs - A Z: A is strictly lower triangular, so after i sweeps
+    # rows 0..i are final and each row is computed exactly as in row-by-row substitution.
+    Z = rhs
+    for _ in range(1, n):
+        Z = rhs - tl.dot(A, Z, input_precision=PRECISION)
+
+    O = eG[:, None] * QS + tl.dot(QK * decay, Z, input_precision=PRECISION)
+
+    out_rows = (b * T + rows[:, None]) * HV + h
+    tl.store(o_ptr + out_rows * V + cols_v[None, :], O.to(o_ptr.dtype.element_ty), mask=in_bounds[:, None])
+    tl.store(z_ptr + out_rows * V + cols_v[None, :], Z, mask=in_bounds[:, None])
     if i_v == 0:
+        tl.store(gcum_ptr + (b * T + rows) * HV + h, G, mask=in_bounds)
         if h % (HV // HK) == 0:
+            kn_rows = (b * T + rows[:, None]) * HK + hk
             for c in tl.static_range(0, K, BK):
                 cols_k = c + tl.arange(0, BK)
                 k = tl.load(k_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
-                _store_key(kn_ptr, tl.where(valid[:, None], k, 0.0) * rk[:, None], b, hk, rows, cols_k, T, HK, K)
+                k = tl.where(valid[:, None], k, 0.0) * rk[:, None]
+                tl.store(kn_ptr + kn_rows * K + cols_k[None, :], k, mask=in_bounds[:, None])

@@ -13,10 +13,9 @@ from transformers.activations import ACT2FN
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.fused import fused_rows, fused_weight, plain_linear, project
-from hybridspec.ops import decode_attention, gdn_conv_verify, gdn_verify, route_topk, router_topk, small_linear
+from hybridspec.ops import decode_attention, gdn_verify, route_topk, router_topk, small_linear
 from hybridspec.ops import router as router_op
 from hybridspec.ops.linear import fits
-from hybridspec.ops.naive_gdn_conv import causal_conv, gates, split_heads
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.state import GDNSlot
 
@@ -24,50 +23,28 @@ from hybridspec.state import GDNSlot
 def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     """Causal depthwise conv of the round's pre-conv inputs `[B, C, w]` after the layer's window
     `[B, C, K]` (K the kernel size), then the activation, as transformers' single-step update
-    computes them (`naive_gdn_conv.causal_conv`); the inputs are kept for the commit."""
+    computes them; the inputs are kept for the commit."""
     w = mixed.shape[-1]
     slot.inputs[:, :, :w] = mixed
-    out = causal_conv(slot.window, mixed, mod.conv1d.weight[:, 0], mod.conv1d.bias)
-    return ACT2FN[mod.activation](out).to(mixed.dtype)
+    weight = mod.conv1d.weight[:, 0].float()  # [C, K]
+    K = weight.shape[-1]
+    full = torch.cat([slot.window, mixed], dim=-1).float()  # [B, C, K + w]
+    # output t reads full[t + 1 .. t + K]: the conv as K shifted products summed in fp32 and rounded
+    # once to the weight's dtype, as a 16-bit conv1d rounds its fp32 accumulator. Elementwise work
+    # that inductor fuses with the activation and the split after it, where F.conv1d (and its
+    # im2col on some backends) is a launch of its own.
+    out = full[..., 1 : 1 + w] * weight[:, 0, None]
+    for j in range(1, K):
+        out = out + full[..., 1 + j : 1 + j + w] * weight[:, j, None]
+    if mod.conv1d.bias is not None:
+        out = out + mod.conv1d.bias.float()[:, None]
+    return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
-# transformers' names of SiLU, the one activation `gdn_conv_verify` computes
-_SILU_NAMES = ("silu", "swish")
-
-
-def fuses_conv(mod, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slot: GDNSlot) -> bool:
-    """Whether `gdn_conv_verify` runs the layer's conv, gates and verify: a SiLU activation, a plain
-    `nn.Conv1d` without hooks or an instance-level `forward`, no sharded parameter, the gate inputs
-    contiguous in their last dim and the inputs buffer in the projection's dtype. A conv someone
-    hooked or replaced keeps the unfused path as it was: the op computes what a plain conv does."""
-    conv = mod.conv1d
-    params = (conv.weight, conv.bias, mod.A_log, mod.dt_bias)
-    return (mod.activation in _SILU_NAMES and type(conv) is nn.Conv1d and not conv._forward_hooks
-            and not conv._forward_pre_hooks and "forward" not in vars(conv)
-            and not any(isinstance(p, parallel.DTensor) for p in params)
-            and a.stride(-1) == 1 and b.stride(-1) == 1 and slot.inputs.dtype == mixed.dtype)
-
-
-def gdn_mixer(mod, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, slot: GDNSlot,
-              num_tokens: torch.Tensor | None) -> torch.Tensor:
-    """A GDN layer of a verified block after its input projections: `mixed` `[B, w, C]` (pre-conv
-    q | k | v), `z` `[B, w, HV, V]`, `b, a` `[B, w, HV]`. Conv, activation, gates and the verify
-    into the round's buffers, then the gated norm and out_proj.
-
-    Where `fuses_conv` allows, one `gdn_conv_verify` launch; else the conv and gates as elementwise
-    work (inductor's launches in a compiled block) and `gdn_verify`."""
-    B, w, _ = mixed.shape
-    if fuses_conv(mod, mixed, a, b, slot):
-        o, _, _ = gdn_conv_verify(mixed, slot.window, mod.conv1d.weight[:, 0], mod.conv1d.bias, a, b, mod.A_log,
-                                  mod.dt_bias, slot.state, num_tokens=num_tokens, inputs_out=slot.inputs,
-                                  factors_out=slot.factors)
-    else:
-        # [B, w, C], contiguous in C for the op
-        x = conv_verify(mod, mixed.transpose(1, 2), slot).transpose(1, 2).contiguous()
-        q, k, v = split_heads(x, mod.key_dim // mod.head_k_dim, mod.head_k_dim, mod.value_dim // mod.head_v_dim,
-                              mod.head_v_dim)
-        g, beta = gates(a, b, mod.A_log, mod.dt_bias)
-        o, _ = gdn_verify(q, k, v, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors)
+def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
+    """GDN verify of one layer into the round's factor buffers, then the gated norm and out_proj."""
+    B, w = q.shape[:2]
+    o, _ = gdn_verify(q, k, v, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
     return parallel.column(mod.out_proj, o.reshape(B, w, -1), gather=True)
 

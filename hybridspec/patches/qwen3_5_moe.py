@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
 
 from hybridspec import parallel
 from hybridspec.fused import project
-from hybridspec.patches.common import gdn_mixer
+from hybridspec.patches.common import conv_verify, gdn_core
 from hybridspec.state import GDNSlot
 
 MODEL_TYPES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
@@ -40,8 +41,18 @@ def rope(model, hidden: torch.Tensor, positions: torch.Tensor):
 
 def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
     """`Qwen3_5MoeGatedDeltaNet.forward` for a verified block, with our ops in place of the cache."""
+    B, w, _ = x.shape
     linears = tuple(getattr(mod, name) for name in GDN_PROJECTIONS)
     # one GEMM over the fused weight (hybridspec.fused); sharded, transformers' plan gathers the
     # projections' outputs (one all-gather for the four here), so every rank runs the whole GDN core
     qkv, z, b, a = project(mod, "in", linears, x) or parallel.columns_gathered(linears, x)
-    return gdn_mixer(mod, qkv, z, b, a, slot, num_tokens)
+    # [B, w, C], contiguous in C for the ops
+    mixed = conv_verify(mod, qkv.transpose(1, 2), slot).transpose(1, 2).contiguous()
+    q, k, v = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
+    q = q.reshape(B, w, -1, mod.head_k_dim)
+    k = k.reshape(B, w, -1, mod.head_k_dim)
+    v = v.reshape(B, w, -1, mod.head_v_dim)
+    z = z.reshape(B, w, -1, mod.head_v_dim)
+    beta = b.sigmoid()
+    g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
+    return gdn_core(mod, q, k, v, g, beta, z, slot, num_tokens)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers.models.qwen3_next import modeling_qwen3_next as modeling
 
 from hybridspec import parallel
 from hybridspec.fused import project
-from hybridspec.patches.common import gdn_mixer
+from hybridspec.patches.common import conv_verify, gdn_core
 from hybridspec.state import GDNSlot
 
 MODEL_TYPES = ("Qwen3NextForCausalLM",)
@@ -42,6 +43,13 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     linears = tuple(getattr(mod, name) for name in GDN_PROJECTIONS)
     qkvz, ba = project(mod, "in", linears, x) or parallel.columns_gathered(linears, x)
     q, k, v, z, b, a = mod.fix_query_key_value_ordering(qkvz, ba)
-    # [B, w, C]: q | k | v channels in the order transformers' conv sees them
-    mixed = torch.cat([t.reshape(B, w, -1) for t in (q, k, v)], dim=-1)
-    return gdn_mixer(mod, mixed, z, b, a, slot, num_tokens)
+    mixed = torch.cat([t.reshape(B, w, -1) for t in (q, k, v)], dim=-1).transpose(1, 2)
+    # [B, w, C], contiguous in C for the ops
+    mixed = conv_verify(mod, mixed, slot).transpose(1, 2).contiguous()
+    q, k, v = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
+    q = q.reshape(B, w, -1, mod.head_k_dim)
+    k = k.reshape(B, w, -1, mod.head_k_dim)
+    v = v.reshape(B, w, -1, mod.head_v_dim)
+    beta = b.sigmoid()
+    g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
+    return gdn_core(mod, q, k, v, g, beta, z, slot, num_tokens)
