@@ -168,13 +168,13 @@ def fused_weight(parent: nn.Module, name: str) -> torch.Tensor | None:
     return getattr(parent, PREFIX + name, None)
 
 
-def fused_rows(parent: nn.Module, name: str, linears: Sequence[nn.Module], skip: int = 0,
-               take: int | None = None) -> tuple[torch.Tensor, list[int]] | None:
-    """The rows of `parent`'s fused weight `name` that hold `linears[skip:]` (or
-    `linears[skip:skip + take]`, their row count rounded up to a multiple of `ROW_ALIGN` within the
-    buffer), a view, and the sizes a product with them splits into: each linear's, then the extra
-    rows'. None where the group is not fused. For a caller whose GEMM does more than `project`'s
-    `gemm` (the MoE block's fused router)."""
+def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor,
+            skip: int = 0, gemm=F.linear, take: int | None = None) -> list[torch.Tensor] | None:
+    """The outputs of `linears[skip:]` (or `linears[skip:skip + take]`) on `x` as one GEMM
+    (`gemm(x, weight)`) over their rows of the fused weight (to its end, or with `take` over their
+    row count rounded up to a multiple of `ROW_ALIGN`, within the buffer: the extra rows are
+    computed and split off); None where the group is not
+    fused (the caller runs its linears as they are)."""
     stacked = fused_weight(parent, name)
     if stacked is None:
         return None
@@ -182,18 +182,5 @@ def fused_rows(parent: nn.Module, name: str, linears: Sequence[nn.Module], skip:
     chosen = linears[skip:] if take is None else linears[skip : skip + take]
     sizes = [lin.weight.shape[0] for lin in chosen]
     end = stacked.shape[0] if take is None else min(stacked.shape[0], first + _padded(sum(sizes)))
-    return stacked[first:end], [*sizes, end - first - sum(sizes)]
-
-
-def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor,
-            skip: int = 0, gemm=F.linear, take: int | None = None) -> list[torch.Tensor] | None:
-    """The outputs of `linears[skip:]` (or `linears[skip:skip + take]`) on `x` as one GEMM
-    (`gemm(x, weight)`) over their rows of the fused weight (`fused_rows`: to its end, or with
-    `take` over their row count rounded up to a multiple of `ROW_ALIGN`, within the buffer: the
-    extra rows are computed and split off); None where the group is not fused (the caller runs its
-    linears as they are)."""
-    rows = fused_rows(parent, name, linears, skip, take)
-    if rows is None:
-        return None
-    weight, sizes = rows
-    return list(gemm(x, weight).split(sizes, dim=-1)[:-1])
+    out = gemm(x, stacked[first:end]).split([*sizes, end - first - sum(sizes)], dim=-1)
+    return list(out[:-1])

@@ -1,9 +1,8 @@
-"""The MoE kernels and the router's (the few-row linear, the router's tail, the two fused) compile
-for an sm90 GPU (the H200) with the installed Triton, on a machine without one: the interpreter
-runs the kernels' Python, not Triton's compiler, so a construct the interpreter accepts and the
-compiler refuses would otherwise first fail on the GPU. Compiled to machine code (ptxas from
-Triton's wheel), never launched. The op tests under the interpreter check what the kernels
-compute; this checks that the compiler takes them."""
+"""The MoE kernels compile for an sm90 GPU (the H200) with the installed Triton, on a machine
+without one: the interpreter runs the kernels' Python, not Triton's compiler, so a construct the
+interpreter accepts and the compiler refuses would otherwise first fail on the GPU. Compiled to
+machine code (ptxas from Triton's wheel), never launched. The op tests under the interpreter check
+what the kernels compute; this checks that the compiler takes them."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ nvidia = pytest.importorskip("triton.backends.nvidia")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from hybridspec.ops import linear_triton, moe_triton, route_triton, router_triton  # noqa: E402
+from hybridspec.ops import moe_triton  # noqa: E402
 from hybridspec.ops.dispatch import TRITON_INTERPRET  # noqa: E402
 
 pytestmark = pytest.mark.skipif(TRITON_INTERPRET, reason="under the interpreter the kernels are not JIT functions")
@@ -23,18 +22,18 @@ pytestmark = pytest.mark.skipif(TRITON_INTERPRET, reason="under the interpreter 
 SM90 = GPUTarget("cuda", 90, 32)
 # the 35B-A3B expert shape, one piece of 16 rows at top-8
 SHAPE = dict(H=2048, I=512, K=8, BM=16, KP=8, SP=128)
-INTEGER_POINTERS = {"ids_ptr": "*i64", "num_tokens_ptr": "*i64", "counter_ptr": "*i32"}
+INTEGER_POINTERS = ("ids_ptr", "num_tokens_ptr")
 
 
 def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_warps=4):
-    """`kernel` compiled for sm90: pointers of `dtype` (int64 for ids and lengths, int32 for a
-    counter, fp32 for `fp32_pointers`), other runtime arguments int32, `constexprs` by name."""
+    """`kernel` compiled for sm90: pointers of `dtype` (int64 for ids and lengths, fp32 for
+    `fp32_pointers`), other runtime arguments int32, `constexprs` by name."""
     signature = {}
     for name in kernel.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
         elif name in INTEGER_POINTERS:
-            signature[name] = INTEGER_POINTERS[name]
+            signature[name] = "*i64"
         elif name.endswith("_ptr"):
             signature[name] = "*fp32" if name in fp32_pointers else f"*{dtype}"
         else:
@@ -55,17 +54,3 @@ def test_moe_kernels_compile_for_sm90(dtype, shared, pdl):
                  fp32_pointers=("y_ptr",), num_warps=2)
     compile_sm90(moe_triton.moe_reduce_kernel, dtype, {"H": 2048, "K": 8, "BN": 1024, **flags},
                  fp32_pointers=("y_ptr",))
-
-
-# the MoE block's first GEMM at the 35B-A3B shape (router and shared expert's gate, 272 x 2048) and the
-# router's tail at E = 256, k = 8, apart and fused; the fused kernel's tail also at E = 1024 (blocks
-# of 4 rows)
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_router_kernels_compile_for_sm90(dtype):
-    tile = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256 if dtype == "bf16" else 128,
-                PRECISION="tf32x3" if dtype == "fp32" else "tf32", UPCAST=False, INTERPRET_BF16=False)
-    compile_sm90(linear_triton.small_linear_kernel, dtype, tile)
-    compile_sm90(route_triton.route_topk_kernel, dtype, dict(EP=256, KP=8, NORMALIZE=True, INTERPRET_BF16=False),
-                 num_warps=1)
-    compile_sm90(router_triton.router_topk_kernel, dtype, {**tile, "RB": 16, "EP": 256, "KP": 8, "NORMALIZE": True})
-    compile_sm90(router_triton.router_topk_kernel, dtype, {**tile, "RB": 4, "EP": 1024, "KP": 16, "NORMALIZE": False})

@@ -6,6 +6,5 @@ from hybridspec.ops.linear import small_linear
 from hybridspec.ops.lm_head import lm_head_top1
 from hybridspec.ops.moe import moe_experts
 from hybridspec.ops.route import route_topk
-from hybridspec.ops.router import router_topk
 
-__all__ = ["GDNFactors", "decode_attention", "gdn_commit", "gdn_verify", "lm_head_top1", "moe_experts", "route_topk", "router_topk", "small_linear", "stack_factors"]
+__all__ = ["GDNFactors", "decode_attention", "gdn_commit", "gdn_verify", "lm_head_top1", "moe_experts", "route_topk", "small_linear", "stack_factors"]

@@ -54,38 +54,26 @@ def _tiles(cfg: LinearKernelConfig, M: int, K: int, element_size: int) -> tuple[
     return bm, bn, min(bk, max(16, next_pow2(K)))
 
 
-def tile_launch(x: torch.Tensor, N: int) -> tuple[int, dict]:
-    """How `small_linear` launches `_linear_tile` for `x` `[M, K]` and N weight rows: the number of
-    output-feature tiles and the tile's launch arguments (sizes, dot precision, interpreter flags,
-    warps, stages), from `KERNEL_CONFIG` as it is at the call. The fused router
-    (`hybridspec.ops.router`) launches with these too: its logits are `small_linear`'s bits only with
-    the same tiles (the tiles and warps set each output's order of summation)."""
-    cfg = KERNEL_CONFIG
-    M, K = x.shape
-    bm, bn, bk = _tiles(cfg, M, K, x.element_size())
-    return -(-N // bn), dict(
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=dot_precision(x),
-        UPCAST=TRITON_INTERPRET and x.dtype != torch.float32,
-        INTERPRET_BF16=TRITON_INTERPRET and x.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-
-
 @torch.library.custom_op("hybridspec::small_linear", mutates_args=(), device_types=None)
 def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if not use_triton(x):
         return naive_linear.small_linear(x, weight)
     from hybridspec.ops.linear_triton import small_linear_kernel
 
+    cfg = KERNEL_CONFIG
     M, K = x.shape
     N = weight.shape[0]
-    n_tiles, launch = tile_launch(x, N)
+    bm, bn, bk = _tiles(cfg, M, K, x.element_size())
+    interp16 = TRITON_INTERPRET and x.dtype != torch.float32
+    prec = dot_precision(x)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    small_linear_kernel[(n_tiles, -(-M // launch["BLOCK_M"]))](
+    small_linear_kernel[(-(-N // bn), -(-M // bm))](
         x, weight, out,
         M, N, K,
         x.stride(0), weight.stride(0),
-        **launch,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        PRECISION=prec, UPCAST=interp16, INTERPRET_BF16=TRITON_INTERPRET and x.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     count_launch("small_linear")
     return out

@@ -10,8 +10,7 @@ the weight at ~0.6 TB/s. Here one program owns BLOCK_N output features, so ~N / 
 BLOCK_M rows of `x` (all of them for M <= 64) by a BLOCK_N-row tile of the weight, walking K in
 BLOCK_K steps, with fp32 accumulation, and stores the sum rounded once to the output dtype. Tails
 of M, N and K are masked loads of zeros. No split-K and no atomics: each output is summed by one
-program in a fixed order, so a result is the same on every run. The tile is `_linear_tile`, which
-the fused router kernel (`router_triton.py`) runs too.
+program in a fixed order, so a result is the same on every run.
 """
 
 from __future__ import annotations
@@ -23,17 +22,15 @@ from hybridspec.ops.moe_triton import _round_bf16
 
 
 @triton.jit
-def _linear_tile(
+def small_linear_kernel(
     x_ptr, w_ptr, out_ptr,
     M, N, K,
     s_xm, s_wn,
-    i_m, i_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr,
 ):
-    """Rows tile `i_m` and output-feature tile `i_n` of `out = x @ w.T` (`out` `[M, N]`
-    contiguous), stored rounded once. Shared with the fused router (`router_triton.py`), whose
-    logits must be these bits: the same tiles give every output the same fp32 summation order."""
+    i_n = tl.program_id(0)
+    i_m = tl.program_id(1)
     rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -57,15 +54,3 @@ def _linear_tile(
         acc = _round_bf16(acc)
     out = out_ptr + rows[:, None] * N + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def small_linear_kernel(
-    x_ptr, w_ptr, out_ptr,
-    M, N, K,
-    s_xm, s_wn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-):
-    _linear_tile(x_ptr, w_ptr, out_ptr, M, N, K, s_xm, s_wn, tl.program_id(1), tl.program_id(0),
-                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST, INTERPRET_BF16)

@@ -58,10 +58,8 @@ def route_topk(logits: torch.Tensor, k: int, *, normalize: bool = True) -> tuple
     Returns `weights` `[R, k]` in the logits' dtype and `ids` `[R, k]` int64, in descending order of
     probability (as `torch.topk(sorted=True)`); among exactly equal probabilities the lowest expert
     index comes first (`torch.topk` leaves that order unspecified). One launch, one program per row.
-    The same arithmetic, not the same rounding: the kernel's `exp` and its sums may differ from
-    torch's softmax in the last bit, as between two softmax implementations. Its sums do not depend
-    on the order of reduction (the softmax's is taken in integers and rounded once), so
-    `router_topk`, which routes several rows per program, gives the same bits.
+    The same arithmetic, not the same rounding: the kernel's `exp` and its order of summation may
+    differ from torch's softmax in the last bit, as between two softmax implementations.
     """
     check(logits.dim() == 2 and logits.shape[0] >= 1 and logits.shape[1] >= 1,
           f"logits must be [R, E] with R >= 1 and E >= 1, got {tuple(logits.shape)}")

@@ -12,9 +12,8 @@ from transformers.activations import ACT2FN
 
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
-from hybridspec.fused import fused_rows, fused_weight, plain_linear, project
-from hybridspec.ops import decode_attention, gdn_verify, route_topk, router_topk, small_linear
-from hybridspec.ops import router as router_op
+from hybridspec.fused import fused_weight, plain_linear, project
+from hybridspec.ops import decode_attention, gdn_verify, route_topk, small_linear
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.state import GDNSlot
@@ -87,10 +86,7 @@ def is_sparse_moe(mlp) -> bool:
 def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The block's router on `[B, w, H]` -> expert ids and routing weights `[B, w, k]`: its GEMM
     (or `logits` `[B * w, E]`, where the caller ran it in the block's fused GEMM), then the
-    router's softmax, top-k and renormalisation (`route_logits`). Without `logits` (Stage 0), the
-    router's rows alone, GEMM and tail in one launch where `fused_route` takes them: the experts
-    and weights `moe_verify` picks for the same rows, both being `small_linear` + `route_topk`'s
-    bits."""
+    router's softmax, top-k and renormalisation (`route_logits`)."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
     if logits is not None:
@@ -102,11 +98,7 @@ def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> t
         # cannot trace; verification never returns router logits)
         _, weights, ids = mlp.gate.forward(flat)
     else:
-        fused = fused_route(family, mlp, flat, mlp.gate.weight)
-        if fused is not None:
-            _, weights, ids = fused
-        else:
-            weights, ids = route_logits(family, mlp.gate, moe_gemm(flat, mlp.gate.weight))
+        weights, ids = route_logits(family, mlp.gate, moe_gemm(flat, mlp.gate.weight))
     return ids.view(B, w, -1), weights.view(B, w, -1)
 
 
@@ -121,14 +113,13 @@ def route_logits(family, router, logits: torch.Tensor) -> tuple[torch.Tensor, to
     the k-th place, as the kernel does (measured over 393,216 bf16 rows holding 43,037 such ties:
     `benchmarks/route_ties.py`; docs/design.md, "route_topk", says which of aten's top-k kernels
     those rows ran). The weights are the same but where the kernel's `exp` differs in
-    the last bit (at most 11 rows in 65,536, measured before its sums became independent of the
-    reduction order; not rerun since), and the slot order can differ among exactly equal weights
+    the last bit (at most 11 rows in 65,536), and the slot order can differ among exactly equal weights
     only, so the experts' weighted sum adds the same terms in another order. On the CPU
     `torch.topk` breaks such ties its own way, so the CPU keeps transformers' ops."""
     normalize = family.router_normalizes(router)
     # the op has no backward: a forward that autograd records keeps torch's ops
     records = torch.is_grad_enabled() and logits.requires_grad
-    if _kernels_on(logits) and logits.shape[-1] <= MAX_EXPERTS and not records:
+    if logits.is_cuda and logits.shape[-1] <= MAX_EXPERTS and not records:
         return route_topk(logits, router.top_k, normalize=normalize)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
     top, ids = torch.topk(probs, router.top_k, dim=-1)
@@ -231,51 +222,9 @@ def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     noise. Wider projections keep cuBLAS, which was as fast or faster there.
     Where autograd records, `fits` says no: the op has no backward."""
     flat = x.reshape(-1, x.shape[-1])
-    if _kernels_on(x) and fits(flat, weight):
+    if x.is_cuda and fits(flat, weight):
         return small_linear(flat, weight).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight)
-
-
-def _kernels_on(t: torch.Tensor) -> bool:
-    """Whether the MoE block runs our GEMM and router kernels for `t`'s device: on CUDA. The CPU
-    keeps `F.linear` and transformers' router ops (`route_logits` says why); the tests that run
-    the kernels' path on the CPU under the Triton interpreter replace this function."""
-    return t.is_cuda
-
-
-# the MoE block's counter for `router_topk` (a non-persistent buffer of a fused block)
-ROUTER_COUNTER = "_hybridspec_router_counter"
-
-
-def keep_router_counter(mlp, keep: bool) -> None:
-    """Give a fused sparse MoE block the counter its `router_topk` launches use (on the fused
-    weight's device; created outside any graph capture, its address fixed, left at 0 by every
-    launch), or take it away. A buffer of the block: it moves with `model.to` and stays out of
-    `state_dict`; one per block, so no two launches on different streams share one unless the
-    same layer runs on both."""
-    stacked = fused_weight(mlp, "moe") if keep else None
-    if stacked is None:
-        mlp._buffers.pop(ROUTER_COUNTER, None)
-        return
-    counter = mlp._buffers.get(ROUTER_COUNTER)
-    if counter is None or counter.device != stacked.device:
-        # outside inference mode: an inference tensor could not be updated in place outside it
-        with torch.inference_mode(False):
-            mlp.register_buffer(ROUTER_COUNTER, router_op.new_counter(stacked.device), persistent=False)
-
-
-def fused_route(family, mlp, flat: torch.Tensor, weight: torch.Tensor):
-    """`(logits, weights, ids)` of `router_topk` on `flat` `[T, H]` and `weight` (rows of the
-    block's fused weight, the router's first), one launch where the block would otherwise run
-    `moe_gemm` on `small_linear` and then `route_logits` on `route_topk`, with their bits: the
-    block is fused (it holds the counter), our kernels run on this device, `small_linear` takes the
-    inputs (no autograd recording), T <= 16 and E <= 1024. Else None: the two ops, as before."""
-    counter = getattr(mlp, ROUTER_COUNTER, None)
-    router = mlp.gate
-    E = router.weight.shape[0]
-    if counter is None or not _kernels_on(flat) or not router_op.fits(flat, weight, E):
-        return None
-    return router_topk(flat, weight, E, router.top_k, counter, normalize=family.router_normalizes(router))
 
 
 def _plain_down(linear) -> bool:
@@ -316,26 +265,16 @@ def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
     """The MoE block of a verified block; a sparse block appends its expert ids `[B, w, k]` to
     `routing` when given. Dense MLP layers run as they are. Where the block's linears are fused, the
     router and the shared expert's gate are one GEMM (with the shared expert's projections where the
-    experts op does not run it), and up to 16 rows on CUDA one launch with the router's softmax and
-    top-k (`fused_route`)."""
+    experts op does not run it)."""
     if not is_sparse_moe(mlp):
         return dense_mlp(mlp, x)
     # the router and the shared expert's gate; the shared expert's projections too where the
     # experts op does not run it
     ninth = shared_as_expert(mlp)
     take = None if ninth is None else 2
-    flat = x.reshape(-1, x.shape[-1])
-    rows = fused_rows(mlp, "moe", moe_linears(mlp), take=take)
-    routed = None if rows is None else fused_route(family, mlp, flat, rows[0])
-    if routed is not None:
-        # the GEMM and the router's tail in one launch
-        out, weights, ids = routed
-        shared_in = list(out.split(rows[1], dim=-1)[1:-1])
-        ids, weights = ids.view(*x.shape[:-1], -1), weights.view(*x.shape[:-1], -1)
-    else:
-        fused = project(mlp, "moe", moe_linears(mlp), flat, gemm=moe_gemm, take=take)
-        logits, shared_in = (fused[0], fused[1:]) if fused is not None else (None, None)
-        ids, weights = route(family, mlp, x, logits)
+    fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, x.shape[-1]), gemm=moe_gemm, take=take)
+    logits, shared_in = (fused[0], fused[1:]) if fused is not None else (None, None)
+    ids, weights = route(family, mlp, x, logits)
     if routing is not None:
         routing.append(ids)
     return _moe_apply(mlp, x, ids, weights, num_tokens, shared_in, ninth)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hybridspec.fused import fuse, unfuse_group
-from hybridspec.patches.common import is_sparse_moe, keep_router_counter, moe_linears
+from hybridspec.patches.common import is_sparse_moe, moe_linears
 
 
 def groups(family, model):
@@ -23,21 +23,12 @@ def groups(family, model):
 
 def fuse_model(family, model) -> int:
     """Fuse every group (or re-link one whose weights were replaced since: `hybridspec.fused`);
-    cheap when nothing changed, so every `generate` call runs it. A fused MoE block also holds its
-    fused router's counter (`patches.common.keep_router_counter`). Returns how many groups are fused
+    cheap when nothing changed, so every `generate` call runs it. Returns how many groups are fused
     (the runner captures again when any buffer it reads moved, the fused weights among them)."""
-    fused = 0
-    for parent, name, linears in groups(family, model):
-        done = fuse(parent, name, linears, family.ROUTERS)
-        if name == "moe":
-            keep_router_counter(parent, done)
-        fused += done
-    return fused
+    return sum(fuse(parent, name, linears, family.ROUTERS) for parent, name, linears in groups(family, model))
 
 
 def unfuse_model(family, model) -> None:
     """Every linear its own weight again (what `hybridspec.disable` leaves)."""
     for parent, name, linears in groups(family, model):
         unfuse_group(parent, name, linears)
-        if name == "moe":
-            keep_router_counter(parent, False)

@@ -33,8 +33,5 @@ def test_every_public_op_is_callable_twice(device):
         weights, ids = ops.route_topk(torch.randn(3, 20, device=device), 4)
         assert torch.isfinite(weights).all() and ids.shape == (3, 4)
         assert torch.isfinite(ops.small_linear(torch.randn(3, 20, device=device), torch.randn(7, 20, device=device))).all()
-        logits, weights, ids = ops.router_topk(torch.randn(3, 20, device=device), torch.randn(9, 20, device=device), 8, 2,
-                                               torch.zeros(1, dtype=torch.int32, device=device))
-        assert torch.isfinite(logits).all() and torch.isfinite(weights).all() and ids.shape == (3, 2)
     for name in hybridspec.ops.__all__:
         assert not isinstance(getattr(ops, name), type(hybridspec.ops)), f"hybridspec.ops.{name} is a module"
