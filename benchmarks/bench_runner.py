@@ -20,6 +20,7 @@ Side by side in one run:
    waiting), with the replay drafter (simulated acceptance) at w = 16.
 
     python benchmarks/bench_runner.py [--out bench_out/runner] [--prompt 512] [--new 256] [--skip-hf]
+    python benchmarks/bench_runner.py --skip-hf --only-ar --inductor combo_kernels=1   # an inductor setting's effect
 """
 
 from __future__ import annotations
@@ -292,6 +293,23 @@ def spec_host_time(model, drafter, prompt, continuation, new):
 
 
 @torch.no_grad()
+def inductor_settings(text: str) -> dict:
+    """`name=value,...` -> the same names set on `torch._inductor.config` (ints and floats parsed;
+    an unknown name raises before anything runs)."""
+    import torch._inductor.config as config
+
+    settings = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if not hasattr(config, name):
+            raise SystemExit(f"--inductor: torch._inductor.config has no setting {name!r}")
+        current = getattr(config, name)
+        parsed = bool(int(value)) if isinstance(current, bool) else type(current)(value) if current is not None else value
+        setattr(config, name, parsed)
+        settings[name] = parsed
+    return settings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench_out/runner")
@@ -301,11 +319,16 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="the tiny random models (a smoke test of this script)")
     parser.add_argument("--no-compile", action="store_true", help="capture eager decoder layers (no torch.compile)")
     parser.add_argument("--only-ar", action="store_true", help="stop after the autoregressive comparison")
+    parser.add_argument("--inductor", default="",
+                        help="inductor settings for this run, e.g. combo_kernels=1 (torch._inductor.config, set "
+                             "before anything compiles; recorded in the output): what a user's global setting "
+                             "would do to the runner's compiled layers")
     args = parser.parse_args()
+    inductor = inductor_settings(args.inductor)
     global COMPILE
     COMPILE = not args.no_compile
     torch.backends.cuda.matmul.allow_tf32 = False
-    info = env_info()
+    info = dict(env_info(), inductor=inductor)
     print(info)
     t0 = time.perf_counter()
     if args.tiny:

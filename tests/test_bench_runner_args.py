@@ -1,0 +1,24 @@
+"""`benchmarks/bench_runner.py --inductor`: the settings it applies are the ones named, parsed to
+the setting's type, and a name inductor does not have stops the run before anything is built."""
+
+from __future__ import annotations
+
+import pytest
+import torch._inductor.config as inductor_config
+
+from benchmarks.bench_runner import inductor_settings
+
+
+def test_inductor_settings_are_parsed_and_applied(monkeypatch):
+    # monkeypatch restores both after the test
+    monkeypatch.setattr(inductor_config, "combo_kernels", False)
+    monkeypatch.setattr(inductor_config, "combo_kernel_max_num_args", inductor_config.combo_kernel_max_num_args)
+    got = inductor_settings("combo_kernels=1,combo_kernel_max_num_args=100")
+    assert got == {"combo_kernels": True, "combo_kernel_max_num_args": 100}
+    assert inductor_config.combo_kernels is True and inductor_config.combo_kernel_max_num_args == 100
+    assert inductor_settings("") == {}
+
+
+def test_an_unknown_inductor_setting_stops_the_run():
+    with pytest.raises(SystemExit, match="no setting 'not_a_setting'"):
+        inductor_settings("not_a_setting=1")
