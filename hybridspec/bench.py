@@ -30,6 +30,7 @@ import torch
 from hybridspec.bench_report import COLUMNS, LOOP_RATIO, NOISY_SPREAD, calibration_noise, noise_reasons, print_table, spread
 from hybridspec.calibration.batched import left_padded
 from hybridspec.generation.options import BATCH_POLICIES
+from hybridspec.round.stats import device_time
 
 METHODS = (
     ("vanilla DFlash (w=16)", dict(verify_length=16)),
@@ -131,8 +132,7 @@ class StaticAR:
         seconds, self.outs, self.ttft = [], [], []
         for p in self.prompts:
             stamps = _Stamps()
-            torch.cuda.synchronize()
-            called = time.perf_counter()
+            called = device_time(p.device)
             out = self.model.generate(p, streamer=stamps, **self.kwargs)
             self.outs.append(out[0, p.shape[1]:])
             # stamps: [prompt, token 1, ..., token n]
@@ -181,13 +181,7 @@ class _Passes:
         for n, (ids, mask) in enumerate([self.batches[0]] + self.batches):
             P = ids.shape[1]
             new = min(8, self.new) if n == 0 else self.new
-            if ids.is_cuda:
-                torch.cuda.synchronize(ids.device)
-            started = time.perf_counter()
-            first, _ = self.runner.start(ids, None, mask, None if mask is None else _positions(mask))
-            # the read waits for the prefill: the time to the first token, as `generate` counts it
-            first_tokens = first[:, 0].tolist()
-            prefill = time.perf_counter() - started
+            first_tokens, prefill = self.runner.start_timed(ids, None, mask, None if mask is None else _positions(mask))
             rows, stats = self.runner.decode_batch(P, first_tokens, HostStopping(P + new, eos, []))
             if n > 0:
                 outs.extend(torch.tensor(r, device=ids.device) for r in rows)

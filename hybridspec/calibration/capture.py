@@ -5,7 +5,6 @@ cost per distinct expert. Times are wall-clock milliseconds (synchronised on CUD
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,12 +15,7 @@ from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.ops.routing import distinct_prefix_counts, new_expert_counts
 from hybridspec.patches import family_of
 from hybridspec.patches.forward import allocate_state, stage0
-
-
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+from hybridspec.round.stats import device_time
 
 
 @dataclass
@@ -130,9 +124,9 @@ def _median_ms(fn, device: torch.device, repeats: int) -> float:
     for _ in range(repeats):
         if scratch is not None:
             scratch.zero_()
-        start = _now(device)
+        start = device_time(device)
         fn()
-        times.append((_now(device) - start) * 1e3)
+        times.append((device_time(device) - start) * 1e3)
     return statistics.median(times)
 
 

@@ -4,7 +4,6 @@ the CUDA-graph runner where it can serve the call, else the reference loop. Both
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -68,13 +67,7 @@ def _decode_on_runner(model, input_ids, logits_processor, stopping_criteria, gen
                            opts.accept, batch_size=size)
     streamer = opts.streamer
     P = input_ids.shape[1]
-    if ids.is_cuda:
-        torch.cuda.synchronize(ids.device)
-    prefill_started = time.perf_counter()
-    first, _ = runner.start(ids, logits_processor, mask, positions)
-    # the host's read of the first tokens waits for the prefill: the time to the first token
-    first_tokens = first[:, 0].tolist()
-    prefill_seconds = time.perf_counter() - prefill_started
+    first_tokens, prefill_seconds = runner.start_timed(ids, logits_processor, mask, positions)
     stop = HostStopping.from_criteria(stopping_criteria, generation_config.max_length)
     put = None if streamer is None else (lambda tokens: streamer.put(torch.tensor([tokens])))
     if put is not None:

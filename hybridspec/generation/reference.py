@@ -19,7 +19,7 @@ from hybridspec.round.accept import process_positions
 from hybridspec.round.emit import emit
 from hybridspec.round.prefill import start
 from hybridspec.round.round import Round, Sampler
-from hybridspec.round.stats import HybridSpecStats
+from hybridspec.round.stats import HybridSpecStats, device_time
 from hybridspec.round.target import Target
 from hybridspec.state import MAX_VERIFY
 
@@ -60,7 +60,7 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
 
         return take
 
-    prefill_started = _now(input_ids.device)
+    prefill_started = device_time(input_ids.device)
     first, processed, logits = start(target, state, drafter, input_ids, process, sampler, max_len, attention_mask,
                                      position_ids)
     first_tokens = first[:, 0].tolist()
@@ -68,7 +68,7 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
     for b, token in enumerate(first_tokens):
         done[b] = take_from(b, first, processed[:, None], logits[:, None])(0, token)
     rnd = Round(target, state, drafter, opts.policy, sampler, exact=True, record_routing=recorder is not None)
-    started = _now(input_ids.device)
+    started = device_time(input_ids.device)
     while not all(done):
         if recorder is not None:
             recorder.begin()
@@ -90,7 +90,7 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
         stats.record(w, w0, kept_rows, layer0)
         if recorder is not None:
             recorder.end(r.block, w, kept_rows[0], r.routing, done[0])
-    stats.decode_seconds = _now(input_ids.device) - started
+    stats.decode_seconds = device_time(input_ids.device) - started
     seq = assemble(rows, generation_config)
     return seq, tuple(scores) if want_scores else None, tuple(raw_logits) if want_logits else None, stats
 
@@ -110,9 +110,3 @@ def assemble(rows: list[torch.Tensor], generation_config) -> torch.Tensor:
     for b, r in enumerate(rows):
         out[b, : r.shape[1]] = r[0]
     return out
-
-
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+
+import torch
+
+
+def device_time(device: torch.device) -> float:
+    """`time.perf_counter()` once `device` has run the work queued on it (a CUDA device is
+    synchronised first): the clock the statistics' seconds are read on."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 @dataclass

@@ -28,7 +28,7 @@ from hybridspec.round.cond import CondVerify
 from hybridspec.round.emit import emit
 from hybridspec.round.prefill import start
 from hybridspec.round.round import Round, Sampler, ar_step
-from hybridspec.round.stats import HybridSpecStats
+from hybridspec.round.stats import HybridSpecStats, device_time
 from hybridspec.round.stopping import HostStopping
 from hybridspec.round.target import Target
 from hybridspec.runner.graphs import CapturedStep
@@ -177,6 +177,16 @@ class Runner:
                                     attention_mask, position_ids)
         self.io.anchor.copy_(first)
         return first, processed
+
+    def start_timed(self, input_ids: torch.Tensor, logits_processor=None, attention_mask: torch.Tensor | None = None,
+                    position_ids: torch.Tensor | None = None) -> tuple[list[int], float]:
+        """`start`, then the host's read of the first tokens, which waits for the prefill. Returns the
+        first tokens (one per row) and the seconds from the call to that read: the time to the
+        first token (`HybridSpecStats.prefill_seconds`)."""
+        started = device_time(input_ids.device)
+        first, _ = self.start(input_ids, logits_processor, attention_mask, position_ids)
+        tokens = first[:, 0].tolist()
+        return tokens, time.perf_counter() - started
 
     @torch.no_grad()
     def decode(self, prompt_length: int, first: int, stop: HostStopping, on_tokens=None) -> tuple[list[int], HybridSpecStats]:
