@@ -17,7 +17,7 @@ import torch
 
 from hybridspec.ops import naive_attention
 from hybridspec.ops.checks import FLOAT_INPUTS, check, check_lengths, dot_precision, next_pow2
-from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
+from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
 
 MAX_HEAD_DIM = 256
 
@@ -108,6 +108,7 @@ def _decode_attention_op(
     s_len = lengths.stride(0) if lengths.shape[0] == B and B > 1 else 0
     s_start = starts.stride(0) if starts is not None and starts.shape[0] == B and B > 1 else 0
     interp16 = TRITON_INTERPRET and q.dtype != torch.float32
+    pdl = use_pdl(q)
     # only split partials below the device length are written, and only those are read
     o_part = torch.empty(B * Hkv, splits, W * G, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B * Hkv, splits, W * G, dtype=torch.float32, device=q.device)
@@ -122,7 +123,7 @@ def _decode_attention_op(
         CAUSAL=causal,
         PRECISION=dot_precision(q),
         UPCAST=interp16, ROUND_BF16=interp16 and q.dtype == torch.bfloat16,
-        num_warps=plan["num_warps"], num_stages=plan["num_stages"],
+        USE_PDL=pdl, num_warps=plan["num_warps"], num_stages=plan["num_stages"], **pdl_launch(pdl),
     )
     count_launch("decode_attention_split")
     out = torch.empty(B, W, Hq, D, dtype=q.dtype, device=q.device)
@@ -132,7 +133,7 @@ def _decode_attention_op(
         s_len, g.stride(0), g.stride(1), g.stride(2), out.stride(0), out.stride(1), out.stride(2),
         W=W, G=G, HKV=Hkv, D=D, DP=DP, BN=plan["BN"], SPLITS=splits, CS=plan["CS"],
         HAS_GATE=gate is not None, ROUND_BF16=TRITON_INTERPRET and q.dtype == torch.bfloat16,
-        num_warps=4 if DP >= 128 else 2,
+        USE_PDL=pdl, num_warps=4 if DP >= 128 else 2, **pdl_launch(pdl),
     )
     count_launch("decode_attention_combine")
     return out

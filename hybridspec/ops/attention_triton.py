@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.ops.moe_triton import _round_bf16
+from hybridspec.ops.pdl_triton import pdl_enter
 
 
 @triton.jit
@@ -54,8 +55,9 @@ def decode_attention_split_kernel(
     s_len, s_start,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr, HAS_START: tl.constexpr, CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_BF16: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     i_s = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_m = tl.program_id(2)
@@ -132,8 +134,9 @@ def decode_attention_combine_kernel(
     s_len, s_gb, s_gw, s_gh, s_ob, s_ow, s_oh,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BN: tl.constexpr, SPLITS: tl.constexpr, CS: tl.constexpr,
-    HAS_GATE: tl.constexpr, ROUND_BF16: tl.constexpr,
+    HAS_GATE: tl.constexpr, ROUND_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     i_bh = tl.program_id(0)
     r = tl.program_id(1)
     b = i_bh // HKV

@@ -20,6 +20,10 @@ except ImportError:
 
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+# programmatic dependent launch of every op's kernels on sm90+ GPUs (hybridspec/ops/pdl_triton.py);
+# HYBRIDSPEC_PDL=0 turns it off, for debugging and for the benchmarks' before / after
+PDL = os.environ.get("HYBRIDSPEC_PDL", "1") != "0"
+
 launch_counts: collections.Counter[str] = collections.Counter()
 
 
@@ -27,6 +31,18 @@ def use_triton(t: torch.Tensor) -> bool:
     if not HAS_TRITON:
         return False
     return t.is_cuda or (TRITON_INTERPRET and t.device.type == "cpu")
+
+
+def use_pdl(t: torch.Tensor) -> bool:
+    """Whether a kernel launched for `t` uses programmatic dependent launch: on, a CUDA tensor on an
+    sm90+ GPU, and not interpreted (the interpreter also takes CUDA tensors, and fails on `gdc_*`)."""
+    return (PDL and HAS_TRITON and not TRITON_INTERPRET and t.is_cuda
+            and torch.cuda.get_device_capability(t.device)[0] >= 9)
+
+
+def pdl_launch(on: bool) -> dict:
+    """The launch keyword of a kernel whose programs call `pdl_enter(USE_PDL=on)`."""
+    return {"launch_pdl": True} if on else {}
 
 
 def count_launch(name: str) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from hybridspec.ops import naive
 from hybridspec.ops.checks import FLOAT_INPUTS, check, check_lengths
-from hybridspec.ops.dispatch import count_launch, use_triton
+from hybridspec.ops.dispatch import count_launch, pdl_launch, use_pdl, use_triton
 
 MAX_TOKENS = 16
 
@@ -71,6 +71,7 @@ def _gdn_verify_op(
         from hybridspec.ops.gdn_verify_triton import gdn_verify_kernel
 
         BV = _block_v(V, VERIFY_CONFIG)
+        pdl = use_pdl(q)
         gdn_verify_kernel[(V // BV, B * HV)](
             q, k, v, g, beta, state, num_tokens if num_tokens is not None else q,
             o, z_out, k_out, g_out,
@@ -82,7 +83,7 @@ def _gdn_verify_op(
             beta.stride(0), beta.stride(1),
             HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, BK=min(K, VERIFY_CONFIG["BK"]),
             HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm, PRECISION=_precision(q),
-            num_warps=VERIFY_CONFIG["num_warps"],
+            USE_PDL=pdl, num_warps=VERIFY_CONFIG["num_warps"], **pdl_launch(pdl),
         )
         count_launch("gdn_verify")
         return o
@@ -116,12 +117,13 @@ def _gdn_commit_op(
         from hybridspec.ops.gdn_commit_triton import gdn_commit_kernel
 
         BV = _block_v(V, COMMIT_CONFIG)
+        pdl = use_pdl(states)
         gdn_commit_kernel[(V // BV, L * B * HV)](
             states, z, k, g_cum, num_commit,
             B, T,
             z.stride(0), k.stride(0), g_cum.stride(0),
             HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, PRECISION=_precision(states),
-            num_warps=COMMIT_CONFIG["num_warps"],
+            USE_PDL=pdl, num_warps=COMMIT_CONFIG["num_warps"], **pdl_launch(pdl),
         )
         count_launch("gdn_commit")
         return

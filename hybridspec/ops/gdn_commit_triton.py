@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hybridspec.ops.pdl_triton import pdl_enter
+
 
 @triton.jit
 def gdn_commit_kernel(
@@ -18,8 +20,9 @@ def gdn_commit_kernel(
     B, T,
     szl, skl, sgl,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+    BT: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     i_v = tl.program_id(0)
     i_lbh = tl.program_id(1)
     h = i_lbh % HV

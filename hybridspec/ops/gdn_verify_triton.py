@@ -14,6 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hybridspec.ops.pdl_triton import pdl_enter
+
 
 @triton.jit
 def gdn_verify_kernel(
@@ -27,8 +29,9 @@ def gdn_verify_kernel(
     sbb, sbt,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-    HAS_NUM_TOKENS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_NUM_TOKENS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     b = i_bh // HV

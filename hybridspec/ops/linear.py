@@ -16,7 +16,7 @@ import torch
 
 from hybridspec.ops import naive_linear
 from hybridspec.ops.checks import FLOAT_INPUTS, check, dot_precision, next_pow2
-from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
+from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
 
 # one program holds every row: the row tile is at most 64
 MAX_ROWS = 64
@@ -67,13 +67,14 @@ def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     interp16 = TRITON_INTERPRET and x.dtype != torch.float32
     prec = dot_precision(x)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    pdl = use_pdl(x)
     small_linear_kernel[(-(-N // bn), -(-M // bm))](
         x, weight, out,
         M, N, K,
         x.stride(0), weight.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         PRECISION=prec, UPCAST=interp16, INTERPRET_BF16=TRITON_INTERPRET and x.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
     )
     count_launch("small_linear")
     return out

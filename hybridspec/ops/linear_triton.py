@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.ops.moe_triton import _round_bf16
+from hybridspec.ops.pdl_triton import pdl_enter
 
 
 @triton.jit
@@ -27,8 +28,9 @@ def small_linear_kernel(
     M, N, K,
     s_xm, s_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     i_n = tl.program_id(0)
     i_m = tl.program_id(1)
     rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)

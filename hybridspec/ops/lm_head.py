@@ -16,7 +16,7 @@ import torch
 
 from hybridspec.ops import naive_lm_head
 from hybridspec.ops.checks import FLOAT_INPUTS, check, dot_precision, next_pow2
-from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
+from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
 
 _ROUND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -64,6 +64,7 @@ def _lm_head_top1_op(
     if TRITON_INTERPRET and rnd == 1:
         rnd = 3
     prec = dot_precision(weight)
+    pdl = use_pdl(hidden)
     parts = [torch.empty(tiles, N, dtype=torch.float32, device=hidden.device) for _ in range(3)]
     idx = torch.empty(tiles, N, dtype=torch.int32, device=hidden.device)
     lm_head_partial_kernel[(tiles, -(-N // bm))](
@@ -71,7 +72,7 @@ def _lm_head_top1_op(
         N, V, scale,
         hidden.stride(0), weight.stride(0),
         H=H, BM=bm, BV=bv, BK=bk, HAS_SCALE=scale != 1.0, ROUND=rnd, UPCAST=interp16, PRECISION=prec,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
     )
     count_launch("lm_head_partial")
     tokens = torch.empty(N, dtype=torch.long, device=hidden.device)
@@ -79,7 +80,8 @@ def _lm_head_top1_op(
     entropy = torch.empty(N, dtype=torch.float32, device=hidden.device)
     lm_head_combine_kernel[(N,)](
         parts[0], idx, parts[1], parts[2], tokens, confidence, entropy,
-        N, tiles, BT=min(next_pow2(tiles), max(16, next_pow2(cfg.combine_tiles))), num_warps=4,
+        N, tiles, BT=min(next_pow2(tiles), max(16, next_pow2(cfg.combine_tiles))), USE_PDL=pdl, num_warps=4,
+        **pdl_launch(pdl),
     )
     count_launch("lm_head_combine")
     return tokens, confidence, entropy

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.ops.moe_triton import _round_bf16
+from hybridspec.ops.pdl_triton import pdl_enter
 
 
 @triton.jit
@@ -44,7 +45,9 @@ def lm_head_partial_kernel(
     s_xn, s_wv,
     H: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     HAS_SCALE: tl.constexpr, ROUND: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     i_v = tl.program_id(0)
     i_m = tl.program_id(1)
     rows = i_m * BM + tl.arange(0, BM)
@@ -84,8 +87,9 @@ def lm_head_partial_kernel(
 def lm_head_combine_kernel(
     max_ptr, idx_ptr, sum_ptr, dot_ptr, tok_ptr, conf_ptr, ent_ptr,
     N, NT,
-    BT: tl.constexpr,
+    BT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     n = tl.program_id(0)
     m = tl.full([1], float("-inf"), dtype=tl.float32)
     best = tl.zeros([1], dtype=tl.int32)

@@ -4,8 +4,9 @@ Same form as the GDN ops (docs/design.md, "Ops"): a `torch.library.custom_op` wh
 Triton kernels (hybridspec/ops/moe_triton.py) for CUDA tensors, and for CPU tensors under
 `TRITON_INTERPRET=1`, and runs the naive twin otherwise. The wrapper validates; the kernels trust
 their inputs. Three launches per piece of up to 64 rows (gate/up, down, reduce), no host sync, no
-data-dependent shapes. With `KERNEL_CONFIG.pdl` on an sm90+ GPU, down and reduce use programmatic
-dependent launch: each is launched while the kernel before it runs and waits inside for its output.
+data-dependent shapes. With `KERNEL_CONFIG.pdl` on an sm90+ GPU all three use programmatic
+dependent launch (hybridspec/ops/pdl_triton.py): each is launched while the kernel before it runs
+and waits inside for it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from hybridspec.ops import naive_moe
 from hybridspec.ops.checks import FLOAT_INPUTS, check, is_integer, next_pow2
-from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
+from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
 
 # token rows per kernel piece: tl.dot needs at least 16, and 16 covers a verification window;
 # a batch of verification windows (B x 16 rows, B <= 4) runs as one piece of up to 64 rows, so
@@ -50,8 +51,9 @@ class MoEKernelConfig:
     # software-pipelined weight loads in flight per program (both weight kernels)
     num_stages: int = 3
     reduce_block_h: int = 1024
-    # programmatic dependent launch of down and reduce: each starts while the kernel before it runs,
-    # 1.4-2 us less per call on an H200. Needs sm90+ CUDA; ignored on older GPUs and under the interpreter
+    # programmatic dependent launch of the three kernels: each starts while the kernel before it runs
+    # (down and reduce alone: 1.4-2 us less per call on an H200). Needs sm90+ CUDA and
+    # `dispatch.PDL`; ignored on older GPUs and under the interpreter
     pdl: bool = True
 
 
@@ -66,9 +68,9 @@ def _block(limit: int, dim: int) -> int:
 
 
 def _use_pdl(cfg: MoEKernelConfig, x: torch.Tensor) -> bool:
-    """Whether this call uses programmatic dependent launch: asked for, on an sm90+ GPU, and not
-    interpreted (the interpreter also takes CUDA tensors, and fails on `gdc_*`)."""
-    return bool(cfg.pdl) and not TRITON_INTERPRET and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+    """Whether this call uses programmatic dependent launch: asked for here and by
+    `dispatch.use_pdl` (on, an sm90+ GPU, not interpreted)."""
+    return bool(cfg.pdl) and use_pdl(x)
 
 
 def piece_rows(T: int) -> int:
@@ -77,7 +79,7 @@ def piece_rows(T: int) -> int:
     return BLOCK_ROWS if T <= BLOCK_ROWS else min(MAX_PIECE_ROWS, next_pow2(T))
 
 
-def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y, out, use_pdl, BM):
+def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y, out, pdl, BM):
     """Run the kernels on one piece of at most BM rows (gate/up, down, reduce); `out` is that piece's rows.
     `shared`: the shared expert's `(gate_up [2I, H], down [H, I], gate logits [rows, 1])`, or None."""
     from hybridspec.ops.moe_triton import moe_down_kernel, moe_gate_up_kernel, moe_reduce_kernel
@@ -95,7 +97,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
     interp_bf16 = TRITON_INTERPRET and gate_up.dtype == torch.bfloat16
     # fp32 operands need ieee (the default is tf32); 16-bit operands ignore the setting
     prec = "ieee" if gate_up.dtype == torch.float32 or interp_bf16 else "tf32"
-    launch_pdl = {"launch_pdl": True} if use_pdl else {}
+    launch_pdl = pdl_launch(pdl)
     has_s = shared is not None
     # without a shared expert its pointers are never read: any tensor of the right dtype
     s_gate_up, s_down, s_gate = shared if has_s else (gate_up, down, wts)
@@ -106,8 +108,8 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         x, ids, nt, gate_up, s_gate_up, h,
         T, E, row_off, x.stride(0),
         H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk,
-        HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
-        num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages,
+        HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=pdl,
+        num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
     count_launch("moe_gate_up")
     bn, bk = _block(cfg.down_block_h, H), _block(cfg.down_block_i, I)
@@ -115,7 +117,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         h, ids, nt, down, s_down, y,
         T, E, row_off,
         H=H, I=I, K=K, BM=BM, SP=SP, BN=bn, BK=bk,
-        HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=use_pdl,
+        HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=pdl,
         num_warps=cfg.down_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
     count_launch("moe_down")
@@ -124,7 +126,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         y, ids, wts, nt, s_gate, out,
         T, E, row_off, wts.stride(0), wts.stride(1), s_gate.stride(0), out.stride(0),
         H=H, K=K, BN=bn, HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s,
-        INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16, USE_PDL=use_pdl,
+        INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16, USE_PDL=pdl,
         num_warps=4, **launch_pdl,
     )
     count_launch("moe_reduce")
@@ -162,7 +164,7 @@ def _moe_experts_op(
     h = torch.empty(E + has_s, BM, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [experts, rows, I]
     y = torch.empty(BM, K + has_s, H, dtype=torch.float32, device=hidden.device)  # [rows, k (+1), H]
     gate = shared_gate.reshape(T, 1) if has_s else None
-    use_pdl = _use_pdl(KERNEL_CONFIG, hidden)
+    pdl = _use_pdl(KERNEL_CONFIG, hidden)
     # Beyond 64 rows: consecutive 64-row pieces, each reading its own experts once (correct and
     # graph-capturable; long prefills are better served by a grouped GEMM).
     for r0 in range(0, T, BM):
@@ -170,7 +172,7 @@ def _moe_experts_op(
         shared = (shared_gate_up, shared_down, gate[r0:r1]) if has_s else None
         _launch_piece(
             hidden[r0:r1], topk_ids[r0:r1], topk_weights[r0:r1], gate_up_proj, down_proj, shared,
-            num_tokens, r0, h, y, out[r0:r1], use_pdl, BM,
+            num_tokens, r0, h, y, out[r0:r1], pdl, BM,
         )
     return out
 

@@ -22,8 +22,8 @@ row: its gate/up and down programs read the shared weights (`[2I, H]`, `[H, I]`,
 rounds again: the block-level roundings of transformers' sparse MoE block. One launch per stage for the
 routed and shared experts together, instead of the shared expert's own GEMMs and elementwise work.
 
-With USE_PDL (programmatic dependent launch, sm90+) the host launches kernels 2 and 3 early: each
-signals its dependent at once and waits (`gdc_wait`) before reading what the previous kernel wrote.
+With USE_PDL (programmatic dependent launch, sm90+) each kernel may launch while the one before it
+runs, and waits for it first thing (`pdl_enter`, hybridspec/ops/pdl_triton.py).
 
 Block sizes divide H and I (the host picks them), so no load along a weight row is masked and the
 loads vectorise. Accumulation is fp32; the SwiGLU output is rounded to the weight dtype before the
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from hybridspec.ops.pdl_triton import pdl_enter
 
 
 @triton.jit
@@ -106,11 +108,9 @@ def moe_gate_up_kernel(
     HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
     INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     slot = tl.program_id(0)
     i_n = tl.program_id(1)
-    # the down kernel may launch now: it waits for this grid before reading h
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
     n, e, lead, shared = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
                                       HAS_SHARED)
     if lead:
@@ -157,16 +157,13 @@ def moe_down_kernel(
     HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
     INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     slot = tl.program_id(0)
     i_n = tl.program_id(1)
     # y's assignments per row: k, and the shared expert's after them
     KY: tl.constexpr = K + 1 if HAS_SHARED else K
     n, e, lead, shared = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
                                       HAS_SHARED)
-    # every program waits, leader or not, so this grid never completes before gate/up has
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     if lead:
         rows = tl.arange(0, BM)
         # the scalar as a row vector: the interpreter turns a scalar & vector mask into int32
@@ -191,11 +188,9 @@ def moe_reduce_kernel(
     H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr,
     HAS_SHARED: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     r = tl.program_id(0)
     KY: tl.constexpr = K + 1 if HAS_SHARED else K
-    # y is the down kernel's output
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     n = T
     if HAS_NUM_TOKENS:

@@ -13,7 +13,7 @@ import torch
 
 from hybridspec.ops import naive_route
 from hybridspec.ops.checks import FLOAT_INPUTS, check, next_pow2
-from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, use_triton
+from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
 
 # one program holds a whole row: the wrapper refuses wider rows
 MAX_EXPERTS = 1024
@@ -29,11 +29,12 @@ def _route_topk_op(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch
     weights = torch.empty(R, k, dtype=logits.dtype, device=logits.device)
     ids = torch.empty(R, k, dtype=torch.long, device=logits.device)
     ep = max(16, next_pow2(E))
+    pdl = use_pdl(logits)
     route_topk_kernel[(R,)](
         logits, weights, ids,
         E, k, logits.stride(0),
         EP=ep, KP=max(2, next_pow2(k)), NORMALIZE=normalize,
-        INTERPRET_BF16=TRITON_INTERPRET and logits.dtype == torch.bfloat16,
+        INTERPRET_BF16=TRITON_INTERPRET and logits.dtype == torch.bfloat16, USE_PDL=pdl, **pdl_launch(pdl),
         # each of the k selection rounds is a reduction over the row: within one warp it is register
         # shuffles only, no shared-memory round trip and barrier per round
         num_warps=1 if ep <= 512 else 2,

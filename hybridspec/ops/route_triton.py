@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.ops.moe_triton import _round_bf16
+from hybridspec.ops.pdl_triton import pdl_enter
 
 
 @triton.jit
@@ -23,7 +24,9 @@ def route_topk_kernel(
     logits_ptr, w_ptr, ids_ptr,
     E, k, s_lr,
     EP: tl.constexpr, KP: tl.constexpr, NORMALIZE: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     r = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, EP)
     ok = lanes < E
