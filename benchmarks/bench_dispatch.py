@@ -36,6 +36,7 @@ from benchmarks.common import capture, env_info, print_table, time_ms, write_jso
 from hybridspec.round.prefill import prefill  # noqa: E402
 from hybridspec.patches import family_of  # noqa: E402
 from hybridspec.cache import compiled_once  # noqa: E402
+from hybridspec.ops.dispatch import layer_options  # noqa: E402
 from hybridspec.patches.forward import EAGER, Blocks, empty_state, load_prefill, verify_forward  # noqa: E402
 from hybridspec.round.cond import CondVerify  # noqa: E402
 from hybridspec.shapes import build_target  # noqa: E402
@@ -84,7 +85,7 @@ def main() -> None:
         return run
 
     t0 = time.perf_counter()
-    graphs = {"fixed_graph_compiled": capture(fixed(compiled_once(Blocks))), "fixed_graph": capture(fixed(EAGER))}
+    graphs = {"fixed_graph_compiled": capture(fixed(compiled_once(Blocks, layer_options()))), "fixed_graph": capture(fixed(EAGER))}
     exact_graphs = {w: capture(exact(w)) for w in range(1, W + 1)}
     result["capture_s"] = time.perf_counter() - t0
     conds = {}

@@ -20,7 +20,8 @@ Side by side in one run:
    waiting), with the replay drafter (simulated acceptance) at w = 16.
 
     python benchmarks/bench_runner.py [--out bench_out/runner] [--prompt 512] [--new 256] [--skip-hf]
-    python benchmarks/bench_runner.py --skip-hf --only-ar --inductor combo_kernels=1   # an inductor setting's effect
+    python benchmarks/bench_runner.py --skip-hf --only-ar --inductor combo_kernels=0   # an inductor setting's effect
+    HYBRIDSPEC_PDL=0 python benchmarks/bench_runner.py ...   # without programmatic dependent launch
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from hybridspec.tiny import tiny_drafter, tiny_target  # noqa: E402
 from hybridspec.ops.routing import distinct_prefix_counts  # noqa: E402
 from hybridspec.patches.common import attention_verify, moe_verify  # noqa: E402
 from hybridspec.cache import compiled_once  # noqa: E402
+from hybridspec.ops.dispatch import layer_options  # noqa: E402
 from hybridspec.patches.forward import EAGER, Blocks, load_prefill, verify_forward  # noqa: E402
 from hybridspec.runner import Runner  # noqa: E402
 from hybridspec.shapes import build_drafter, build_target  # noqa: E402
@@ -146,7 +148,7 @@ def verification_curve(model, drafter, prompt, bandwidth):
     num = torch.full((1,), W, dtype=torch.long, device="cuda")
     lm_head = model.get_output_embeddings()
 
-    compiled = compiled_once(Blocks) if COMPILE else EAGER
+    compiled = compiled_once(Blocks, layer_options()) if COMPILE else EAGER
 
     def fixed():
         state.num_tokens = num
@@ -213,9 +215,9 @@ def component_split(model, drafter, prompt):
     positions = state.length + torch.arange(W, device="cuda")[None]
     cos_sin = family.rope(model, mixer_in[0], positions)
 
-    gdn_mixer = torch.compile(family.gdn_verify_layer, dynamic=False)
-    attention_mixer = torch.compile(attention_verify, dynamic=False)
-    moe_block = torch.compile(moe_verify, dynamic=False)
+    gdn_mixer = torch.compile(family.gdn_verify_layer, dynamic=False, options=layer_options())
+    attention_mixer = torch.compile(attention_verify, dynamic=False, options=layer_options())
+    moe_block = torch.compile(moe_verify, dynamic=False, options=layer_options())
 
     def gdn():
         for i in state.gdn_layers:
@@ -294,9 +296,13 @@ def spec_host_time(model, drafter, prompt, continuation, new):
 
 @torch.no_grad()
 def inductor_settings(text: str) -> dict:
-    """`name=value,...` -> the same names set on `torch._inductor.config` (ints and floats parsed;
-    an unknown name raises before anything runs)."""
+    """`name=value,...` -> the same names set on `torch._inductor.config` and in the runner's own
+    compile options (`hybridspec.ops.dispatch.LAYER_OPTIONS`, which would override the global setting), so
+    `combo_kernels=0,triton.enable_pdl=0` measures the layers without the runner's settings (ints
+    and floats parsed; an unknown name raises before anything runs)."""
     import torch._inductor.config as config
+
+    from hybridspec.ops.dispatch import LAYER_OPTIONS
 
     settings = {}
     for item in filter(None, text.split(",")):
@@ -306,6 +312,7 @@ def inductor_settings(text: str) -> dict:
         current = getattr(config, name)
         parsed = bool(int(value)) if isinstance(current, bool) else type(current)(value) if current is not None else value
         setattr(config, name, parsed)
+        LAYER_OPTIONS[name] = parsed
         settings[name] = parsed
     return settings
 
@@ -320,9 +327,8 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="capture eager decoder layers (no torch.compile)")
     parser.add_argument("--only-ar", action="store_true", help="stop after the autoregressive comparison")
     parser.add_argument("--inductor", default="",
-                        help="inductor settings for this run, e.g. combo_kernels=1 (torch._inductor.config, set "
-                             "before anything compiles; recorded in the output): what a user's global setting "
-                             "would do to the runner's compiled layers")
+                        help="inductor settings for this run, e.g. combo_kernels=0 (torch._inductor.config and the "
+                             "runner's compile options, set before anything compiles; recorded in the output)")
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
     global COMPILE

@@ -47,13 +47,13 @@ class BoundedCache:
 # compiled layer blocks: one entry per kind of blocks (the target's, the drafter's)
 _COMPILED_BLOCKS = BoundedCache(4)
 
-
-def compiled_once(blocks: type) -> tuple:
+def compiled_once(blocks: type, options: dict) -> tuple:
     """An instance of the NamedTuple class `blocks` whose fields are its default functions compiled
     with `torch.compile(dynamic=False)`, built once per process: every user shares the compiled
     functions, so dynamo compiles each layer kind once (regional compilation: the functions take
-    the layer module as an argument, whose parameters are graph inputs)."""
+    the layer module as an argument, whose parameters are graph inputs), with inductor `options`
+    (`hybridspec.ops.dispatch.layer_options()`)."""
     import torch
 
-    return _COMPILED_BLOCKS.get(
-        blocks, lambda: blocks(*(torch.compile(f, dynamic=False) for f in blocks._field_defaults.values())))
+    return _COMPILED_BLOCKS.get((blocks, tuple(sorted(options.items()))), lambda: blocks(
+        *(torch.compile(f, dynamic=False, options=options) for f in blocks._field_defaults.values())))

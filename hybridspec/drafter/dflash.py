@@ -34,6 +34,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEm
 
 from hybridspec import parallel
 from hybridspec.cache import compiled_once
+from hybridspec.ops.dispatch import layer_options
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.drafter.context import MIN_ROWS, ContextCache
 from hybridspec.drafter.layers import EAGER, CacheBlock, DFlashDecoderLayer, LayerBlocks, fuse_layers, visibility
@@ -216,7 +217,7 @@ class DFlashDrafter(nn.Module):
     def compile_layers(self, enabled: bool) -> None:
         """`propose` runs its layers compiled with `torch.compile`, once per layer kind, or eagerly
         (the default). The drafts are the same; the compiled form fuses each layer's elementwise work."""
-        self._blocks = compiled_once(LayerBlocks) if enabled else EAGER
+        self._blocks = compiled_once(LayerBlocks, layer_options()) if enabled else EAGER
 
     def static_buffers(self) -> list[torch.Tensor]:
         """The device buffers a captured round reads and writes (the runner recaptures if they move)."""

@@ -1,4 +1,5 @@
-"""Where an op body runs: the Triton kernel or the naive twin.
+"""Where an op body runs: the Triton kernel or the naive twin; whether its kernels use programmatic
+dependent launch; the inductor options of the compiled layers around the ops.
 
 `TRITON_INTERPRET` is read by Triton when kernels are defined, so it is read here once, at import.
 The launch counter lets tests prove that the Triton path ran (otherwise naive is compared with naive).
@@ -43,6 +44,22 @@ def use_pdl(t: torch.Tensor) -> bool:
 def pdl_launch(on: bool) -> dict:
     """The launch keyword of a kernel whose programs call `pdl_enter(USE_PDL=on)`."""
     return {"launch_pdl": True} if on else {}
+
+
+# inductor settings for the compiled layers, passed as `torch.compile` options (so a user's global
+# inductor config is left as it is). Measured on the H200, AR step of the 35B-A3B shape in one run
+# (docs/benchmarks.md, "Launch overlap"): horizontal fusion of independent kernels (the conv with
+# the gates, the q and k norms) and programmatic dependent launch of inductor's kernels (they wait
+# for the kernel before them, as ours do: hybridspec/ops/pdl_triton.py) each took 0.25-0.3 ms off.
+# HYBRIDSPEC_PDL=0 turns inductor's PDL off with ours. A setting this torch lacks is left out.
+LAYER_OPTIONS: dict = {"combo_kernels": True, "triton.enable_pdl": True}
+
+
+def layer_options() -> dict:
+    """`LAYER_OPTIONS` that this torch's inductor knows, PDL only where `PDL` allows it."""
+    import torch._inductor.config as config
+
+    return {k: v for k, v in LAYER_OPTIONS.items() if hasattr(config, k) and (PDL or k != "triton.enable_pdl")}
 
 
 def count_launch(name: str) -> None:

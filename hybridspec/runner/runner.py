@@ -20,6 +20,7 @@ from collections import deque
 import torch
 
 from hybridspec.cache import compiled_once
+from hybridspec.ops.dispatch import layer_options
 from hybridspec.drafter.protocol import CompilableDrafter, DeviceDrafter
 from hybridspec.parallel import model_group
 from hybridspec.patches.forward import EAGER, Blocks, empty_state
@@ -87,7 +88,7 @@ class Runner:
         graphs = not enforce_eager and model.get_output_embeddings().weight.device.type == "cuda"
         self.compiled = graphs if compile is None else compile
         taps = tuple(drafter.target_layer_ids) if drafter is not None else ()
-        self.target = Target(model, taps, compiled_once(Blocks) if self.compiled else EAGER)
+        self.target = Target(model, taps, compiled_once(Blocks, layer_options()) if self.compiled else EAGER)
         self.device = self.target.device
         self.state = empty_state(self.target.family, model, B, rows, self.device)
         if drafter is not None:
