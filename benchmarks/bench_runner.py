@@ -294,7 +294,6 @@ def spec_host_time(model, drafter, prompt, continuation, new):
                 mean_accept_length=float(np.mean(stats.accepted)) + 1, exact=bool(torch.equal(out[0, prompt.shape[1]:], continuation[: new])))
 
 
-@torch.no_grad()
 def inductor_settings(text: str) -> dict:
     """`name=value,...` -> the same names set on `torch._inductor.config` and in the runner's own
     compile options (`hybridspec.ops.dispatch.LAYER_OPTIONS`, which would override the global setting), so
@@ -317,6 +316,8 @@ def inductor_settings(text: str) -> dict:
     return settings
 
 
+# everything here runs without autograd, as generate does (our ops have no backward)
+@torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench_out/runner")
