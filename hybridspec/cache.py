@@ -47,6 +47,7 @@ class BoundedCache:
 # compiled layer blocks: one entry per kind of blocks (the target's, the drafter's)
 _COMPILED_BLOCKS = BoundedCache(4)
 
+
 def compiled_once(blocks: type, options: dict) -> tuple:
     """An instance of the NamedTuple class `blocks` whose fields are its default functions compiled
     with `torch.compile(dynamic=False)`, built once per process: every user shares the compiled

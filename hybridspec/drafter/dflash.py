@@ -34,12 +34,12 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEm
 
 from hybridspec import parallel
 from hybridspec.cache import compiled_once
-from hybridspec.ops.dispatch import layer_options
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.drafter.context import MIN_ROWS, ContextCache
 from hybridspec.drafter.layers import EAGER, CacheBlock, DFlashDecoderLayer, LayerBlocks, fuse_layers, visibility
 from hybridspec.drafter.protocol import DraftBlock
 from hybridspec.ops import lm_head_top1
+from hybridspec.ops.dispatch import layer_options
 
 # The target verifies at most 16 tokens per round (the GDN kernels' block).
 MAX_BLOCK_SIZE = 16

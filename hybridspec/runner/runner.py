@@ -20,8 +20,8 @@ from collections import deque
 import torch
 
 from hybridspec.cache import compiled_once
-from hybridspec.ops.dispatch import layer_options
 from hybridspec.drafter.protocol import CompilableDrafter, DeviceDrafter
+from hybridspec.ops.dispatch import layer_options
 from hybridspec.parallel import model_group
 from hybridspec.patches.forward import EAGER, Blocks, empty_state
 from hybridspec.round.accept import process_positions

@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hybridspec.ops import moe as moe_mod
-from hybridspec.ops import moe_experts, naive_moe
+from hybridspec.ops import dispatch, moe_experts, naive_moe
 from hybridspec.ops.dispatch import TRITON_INTERPRET
 from hybridspec.ops.moe import MoEKernelConfig, piece_rows
 from tests.helpers import assert_rel
@@ -235,10 +235,10 @@ def test_cuda_graph_replays_new_inputs(monkeypatch, pdl):
 @pytest.mark.parametrize("device_type", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_pdl_only_compiled_on_sm90(device_type):
     """The interpreter (which also runs CUDA tensors) cannot run `gdc_*`: pdl is off there, on CPU
-    and before sm90, whatever the config says."""
+    and before sm90, whatever the config says; `HYBRIDSPEC_PDL=0` (`dispatch.PDL`) turns it off too."""
     x = torch.zeros(1, device=device_type)
     sm90 = device_type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
-    assert moe_mod._use_pdl(MoEKernelConfig(pdl=True), x) == (sm90 and not TRITON_INTERPRET)
+    assert moe_mod._use_pdl(MoEKernelConfig(pdl=True), x) == (sm90 and not TRITON_INTERPRET and dispatch.PDL)
     assert not moe_mod._use_pdl(MoEKernelConfig(pdl=False), x)
 
 
