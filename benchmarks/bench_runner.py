@@ -22,6 +22,7 @@ Side by side in one run:
     python benchmarks/bench_runner.py [--out bench_out/runner] [--prompt 512] [--new 256] [--skip-hf]
     python benchmarks/bench_runner.py --skip-hf --only-ar --inductor combo_kernels=0   # an inductor setting's effect
     HYBRIDSPEC_PDL=0 python benchmarks/bench_runner.py ...   # without programmatic dependent launch
+    python benchmarks/bench_runner.py --skip-hf --only-ar --small-linear moe,projections,out   # GEMMs on small_linear
 """
 
 from __future__ import annotations
@@ -294,6 +295,23 @@ def spec_host_time(model, drafter, prompt, continuation, new):
                 mean_accept_length=float(np.mean(stats.accepted)) + 1, exact=bool(torch.equal(out[0, prompt.shape[1]:], continuation[: new])))
 
 
+def gemm_routes(text: str) -> dict:
+    """`name,...` -> `hybridspec.patches.common.GEMM_ROUTES` with exactly those GEMM groups on
+    `small_linear` (`moe`, `projections`, `out`; an empty string: none), set before anything
+    compiles; an unknown name raises before anything runs. Returns the routes as a dict."""
+    from dataclasses import asdict, fields
+
+    from hybridspec.patches import common
+
+    names = [n for n in text.split(",") if n]
+    known = [f.name for f in fields(common.GemmRoutes)]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise SystemExit(f"--small-linear: no GEMM group {unknown[0]!r}; the groups are {', '.join(known)}")
+    common.GEMM_ROUTES = common.GemmRoutes(**{name: name in names for name in known})
+    return asdict(common.GEMM_ROUTES)
+
+
 def inductor_settings(text: str) -> dict:
     """`name=value,...` -> the same names set on `torch._inductor.config` and in the runner's own
     compile options (`hybridspec.ops.dispatch.LAYER_OPTIONS`, which would override the global setting), so
@@ -330,12 +348,17 @@ def main() -> None:
     parser.add_argument("--inductor", default="",
                         help="inductor settings for this run, e.g. combo_kernels=0 (torch._inductor.config and the "
                              "runner's compile options, set before anything compiles; recorded in the output)")
+    parser.add_argument("--small-linear", default="moe",
+                        help="the GEMM groups that run on small_linear, comma-separated, from moe, projections "
+                             "(the mixers' fused input projections), out (their output projections); default moe, "
+                             "the library's default (recorded in the output)")
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
+    routes = gemm_routes(args.small_linear)
     global COMPILE
     COMPILE = not args.no_compile
     torch.backends.cuda.matmul.allow_tf32 = False
-    info = dict(env_info(), inductor=inductor)
+    info = dict(env_info(), inductor=inductor, small_linear=routes)
     print(info)
     t0 = time.perf_counter()
     if args.tiny:

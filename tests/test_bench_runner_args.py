@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch._inductor.config as inductor_config
 
-from benchmarks.bench_runner import inductor_settings
+from benchmarks.bench_runner import gemm_routes, inductor_settings
 from hybridspec.ops import dispatch
 
 
@@ -28,3 +28,14 @@ def test_inductor_settings_are_parsed_and_applied(monkeypatch):
 def test_an_unknown_inductor_setting_stops_the_run():
     with pytest.raises(SystemExit, match="no setting 'not_a_setting'"):
         inductor_settings("not_a_setting=1")
+
+
+def test_gemm_routes_are_set_exactly_as_named(monkeypatch):
+    from hybridspec.patches import common
+
+    monkeypatch.setattr(common, "GEMM_ROUTES", common.GEMM_ROUTES)
+    assert gemm_routes("moe,out") == {"moe": True, "projections": False, "out": True}
+    assert common.GEMM_ROUTES == common.GemmRoutes(moe=True, projections=False, out=True)
+    assert gemm_routes("") == {"moe": False, "projections": False, "out": False}
+    with pytest.raises(SystemExit, match="no GEMM group 'qkv'"):
+        gemm_routes("moe,qkv")
