@@ -23,6 +23,7 @@ Side by side in one run:
     python benchmarks/bench_runner.py --skip-hf --only-ar --inductor combo_kernels=0   # an inductor setting's effect
     HYBRIDSPEC_PDL=0 python benchmarks/bench_runner.py ...   # without programmatic dependent launch
     python benchmarks/bench_runner.py --skip-hf --only-ar --small-linear moe,projections,out   # GEMMs on small_linear
+    python benchmarks/bench_runner.py --skip-hf --only-ar --linear prefetch_row_bytes=16384   # its L2 prefetch
 """
 
 from __future__ import annotations
@@ -312,6 +313,23 @@ def gemm_routes(text: str) -> dict:
     return asdict(common.GEMM_ROUTES)
 
 
+def linear_config(text: str) -> dict:
+    """`name=value,...` -> those fields of `hybridspec.ops.linear.KERNEL_CONFIG` (ints), e.g.
+    `prefetch_row_bytes=16384`; an unknown name raises before anything runs. Returns the config."""
+    from dataclasses import asdict, replace
+
+    from hybridspec.ops import linear
+
+    changes = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in asdict(linear.KERNEL_CONFIG):
+            raise SystemExit(f"--linear: LinearKernelConfig has no field {name!r}")
+        changes[name] = int(value)
+    linear.KERNEL_CONFIG = replace(linear.KERNEL_CONFIG, **changes)
+    return asdict(linear.KERNEL_CONFIG)
+
+
 def inductor_settings(text: str) -> dict:
     """`name=value,...` -> the same names set on `torch._inductor.config` and in the runner's own
     compile options (`hybridspec.ops.dispatch.LAYER_OPTIONS`, which would override the global setting), so
@@ -352,13 +370,16 @@ def main() -> None:
                         help="the GEMM groups that run on small_linear, comma-separated, from moe, projections "
                              "(the mixers' fused input projections), out (their output projections); default moe, "
                              "the library's default (recorded in the output)")
+    parser.add_argument("--linear", default="", help="small_linear's kernel config for this run, e.g. "
+                        "prefetch_row_bytes=16384 (recorded in the output)")
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
     routes = gemm_routes(args.small_linear)
+    linear_cfg = linear_config(args.linear)
     global COMPILE
     COMPILE = not args.no_compile
     torch.backends.cuda.matmul.allow_tf32 = False
-    info = dict(env_info(), inductor=inductor, small_linear=routes)
+    info = dict(env_info(), inductor=inductor, small_linear=routes, linear_config=linear_cfg)
     print(info)
     t0 = time.perf_counter()
     if args.tiny:

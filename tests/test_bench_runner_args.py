@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch._inductor.config as inductor_config
 
-from benchmarks.bench_runner import gemm_routes, inductor_settings
+from benchmarks.bench_runner import gemm_routes, inductor_settings, linear_config
 from hybridspec.ops import dispatch
 
 
@@ -39,3 +39,14 @@ def test_gemm_routes_are_set_exactly_as_named(monkeypatch):
     assert gemm_routes("") == {"moe": False, "projections": False, "out": False}
     with pytest.raises(SystemExit, match="no GEMM group 'qkv'"):
         gemm_routes("moe,qkv")
+
+
+def test_linear_config_sets_the_named_fields(monkeypatch):
+    from hybridspec.ops import linear
+
+    monkeypatch.setattr(linear, "KERNEL_CONFIG", linear.KERNEL_CONFIG)
+    got = linear_config("prefetch_row_bytes=16384,block_n=32")
+    assert got["prefetch_row_bytes"] == 16384 and got["block_n"] == 32
+    assert linear.KERNEL_CONFIG.prefetch_row_bytes == 16384
+    with pytest.raises(SystemExit, match="no field 'prefetch'"):
+        linear_config("prefetch=1")

@@ -41,8 +41,9 @@ class LinearKernelConfig:
     num_warps: int = 4
     num_stages: int = 4
     # with programmatic dependent launch: L2 prefetch of each program's weight rows before the wait,
-    # at most this many bytes of a row (0: none)
-    prefetch_row_bytes: int = 16384
+    # at most this many bytes of a row; 0 (none) until it is timed on the GPU (bench_kernels.py
+    # --only linear --sweep tries 0 and 16384; bench_runner.py --linear prefetch_row_bytes=16384)
+    prefetch_row_bytes: int = 0
 
 
 KERNEL_CONFIG = LinearKernelConfig()
