@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, time_ms, write_json  # noqa: E402
 from hybridspec.bench import transformers_static  # noqa: E402
-from hybridspec.round.accept import greedy_accept  # noqa: E402
+from hybridspec.round import stages  # noqa: E402
+from hybridspec.round.accept import greedy_accept_tokens  # noqa: E402
 from hybridspec.round.prefill import prefill  # noqa: E402
 from hybridspec.sim.replay import DeviceReplayDrafter  # noqa: E402
 from hybridspec.round.stats import HybridSpecStats  # noqa: E402
@@ -64,6 +65,16 @@ ACCEPTANCE = ("AR, C(w) and the split: not applicable (no drafts are accepted); 
 SPLIT_AT = (1, 4, 8, 16)
 # torch.compile the decoder layers (the runner's default on CUDA); --no-compile clears it
 COMPILE = True
+# --fused-head: the runner's greedy argmax from the fused LM-head top-1 instead of the logits
+FUSED_HEAD = False
+
+
+def head_top1(target, hidden):
+    """The greedy argmax of the verified rows as the runner takes it: from the logits, or with
+    `FUSED_HEAD` from `lm_head_top1`."""
+    if FUSED_HEAD:
+        return stages.top1(target, hidden)
+    return target.lm_head(hidden).float().argmax(-1)
 
 
 def hf_static_ar(model, prompt, new):
@@ -73,7 +84,8 @@ def hf_static_ar(model, prompt, new):
 
 
 def our_ar(model, prompt, new, compile=None):
-    runner = Runner(model, capacity=prompt.shape[1] + new + 16, compile=COMPILE if compile is None else compile)
+    runner = Runner(model, capacity=prompt.shape[1] + new + 16, compile=COMPILE if compile is None else compile,
+                    fused_head=FUSED_HEAD)
     runner.generate(prompt, 8)
     runs = []
     for _ in range(3):
@@ -138,7 +150,7 @@ def bytes_bound(model, distinct_pairs: int, rows: int, bandwidth_gbs: float) -> 
 def verification_curve(model, drafter, prompt, bandwidth):
     """C(w) in the runner's 16-row graph and in exact-w graphs, distinct pairs, bytes bound."""
     family = family_of(model)
-    runner = Runner(model, drafter, FixedPolicy("fixed", W), capacity=prompt.shape[1] + 64)
+    runner = Runner(model, drafter, FixedPolicy("fixed", W), capacity=prompt.shape[1] + 64, fused_head=FUSED_HEAD)
     state = runner.state
     taps = tuple(drafter.target_layer_ids)
     _, cache, _ = prefill(model, prompt, taps)
@@ -148,14 +160,14 @@ def verification_curve(model, drafter, prompt, bandwidth):
     blocks = [torch.randint(0, model.config.vocab_size, (1, W), generator=g).cuda() for _ in range(4)]
     tokens = blocks[0].clone()
     num = torch.full((1,), W, dtype=torch.long, device="cuda")
-    lm_head = model.get_output_embeddings()
+    target = runner.target
 
     compiled = compiled_once(Blocks, layer_options()) if COMPILE else EAGER
 
     def fixed():
         state.num_tokens = num
         hidden, _ = verify_forward(family, model, tokens, state, taps, blocks=compiled)
-        lm_head(hidden).float().argmax(-1)
+        head_top1(target, hidden)
 
     fixed_graph = capture(fixed)
     rows = []
@@ -235,12 +247,12 @@ def component_split(model, drafter, prompt):
         for i, layer in enumerate(layers):
             moe_block(family, layer.mlp, moe_in[i], None, num)
 
-    lm_head = model.get_output_embeddings()
+    target = runner.target
     final = text.norm(mixer_in[len(layers) - 1])  # a [1, 16, H] hidden state of the right scale
     drafts = tokens[:, 1:]
 
     def head_accept():
-        greedy_accept(lm_head(final).float(), drafts, num)
+        greedy_accept_tokens(head_top1(target, final), drafts, num)
 
     def draft():
         drafter.propose(anchor)
@@ -284,7 +296,8 @@ def kernel_profile(fn, layers: int, top: int = 8) -> dict:
 def spec_host_time(model, drafter, prompt, continuation, new):
     replay = DeviceReplayDrafter(drafter, continuation)
     replay.bind(model)
-    runner = Runner(model, replay, FixedPolicy("fixed", W), capacity=prompt.shape[1] + new + 16, compile=COMPILE)
+    runner = Runner(model, replay, FixedPolicy("fixed", W), capacity=prompt.shape[1] + new + 16, compile=COMPILE,
+                    fused_head=FUSED_HEAD)
     torch.manual_seed(0)
     out, stats = runner.generate(prompt, new)
     torch.manual_seed(0)
@@ -370,16 +383,19 @@ def main() -> None:
                         help="the GEMM groups that run on small_linear, comma-separated, from moe, projections "
                              "(the mixers' fused input projections), out (their output projections); default moe, "
                              "the library's default (recorded in the output)")
+    parser.add_argument("--fused-head", action="store_true",
+                        help="the runner's greedy argmax from the fused LM-head top-1 (Runner(fused_head=True))")
     parser.add_argument("--linear", default="", help="small_linear's kernel config for this run, e.g. "
                         "prefetch_row_bytes=16384 (recorded in the output)")
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
     routes = gemm_routes(args.small_linear)
     linear_cfg = linear_config(args.linear)
-    global COMPILE
+    global COMPILE, FUSED_HEAD
     COMPILE = not args.no_compile
+    FUSED_HEAD = args.fused_head
     torch.backends.cuda.matmul.allow_tf32 = False
-    info = dict(env_info(), inductor=inductor, small_linear=routes, linear_config=linear_cfg)
+    info = dict(env_info(), inductor=inductor, small_linear=routes, linear_config=linear_cfg, fused_head=args.fused_head)
     print(info)
     t0 = time.perf_counter()
     if args.tiny:

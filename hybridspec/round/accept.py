@@ -59,8 +59,13 @@ def greedy_accept(processed: torch.Tensor, draft: torch.Tensor,
     """Greedy verification of `processed` `[B, w, V]` against `draft` `[B, >= w - 1]`. The runner
     scores a fixed w rows and passes the round's own length `num_tokens` `[B]`; positions from it
     on are ignored."""
-    w = processed.shape[1]
-    best = processed.argmax(dim=-1)  # [B, w]
+    return greedy_accept_tokens(processed.argmax(dim=-1), draft, num_tokens)
+
+
+def greedy_accept_tokens(best: torch.Tensor, draft: torch.Tensor,
+                         num_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`greedy_accept` given each position's argmax `best` `[B, w]` (the fused LM head's top-1)."""
+    w = best.shape[1]
     accepted = _accepted((best[:, : w - 1] == draft[:, : w - 1]) & _counted(w, num_tokens, best.device))
     # where the drafts are kept they equal the argmax, so the argmax row is the answer
     return best, accepted

@@ -18,7 +18,7 @@ import torch
 from hybridspec.drafter.protocol import DraftBlock, Drafter
 from hybridspec.policy import Policy
 from hybridspec.round import stages
-from hybridspec.round.accept import first_empty, greedy_accept, sample_accept
+from hybridspec.round.accept import first_empty, greedy_accept, greedy_accept_tokens, sample_accept
 from hybridspec.round.protocols import AcceptRule, Process
 from hybridspec.round.target import Target
 from hybridspec.state import HybridState
@@ -34,6 +34,11 @@ class Sampler:
     do_sample: bool
     warpers: tuple = ()
     rule: AcceptRule | None = None
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy, no warpers, the library's own rule: only each position's argmax matters."""
+        return not self.do_sample and not self.warpers and self.rule is None
 
     @property
     def own_rule(self) -> AcceptRule:
@@ -67,7 +72,7 @@ class RoundResult(NamedTuple):
     """One round on the device: the drafts, `w0`, `w`, `tokens` `[B, >= m]` (the first m = A + 1
     are emitted), `accepted` A, `empty` (`Sampler.empty`), the distinct Layer-0 experts of the
     verified tokens (-1 without Stage 0); the reference loop also keeps the raw and processed
-    scores `[B, n, V]` and the routing it recorded."""
+    scores `[B, n, V]` (None under the fused head) and the routing it recorded."""
 
     block: DraftBlock
     w0: torch.Tensor
@@ -76,8 +81,8 @@ class RoundResult(NamedTuple):
     accepted: torch.Tensor
     empty: torch.Tensor
     layer0: torch.Tensor
-    logits: torch.Tensor
-    processed: torch.Tensor
+    logits: torch.Tensor | None
+    processed: torch.Tensor | None
     routing: list | None
 
 
@@ -85,10 +90,13 @@ class Round:
     """The round of one (target, state, drafter, policy, sampler). `exact`: verify exactly w rows
     (one host read per round: the reference loop) instead of the fixed `W`. `record_routing`: keep
     every MoE layer's expert ids (calibration). Setting `cond` (a `hybridspec.round.cond.CondVerify`
-    built for `two_stage`) verifies in per-length `torch.cond` branches instead of the fixed shape."""
+    built for `two_stage`) verifies in per-length `torch.cond` branches instead of the fixed shape.
+    `fused_head`: for a plain greedy sampler on a plain head, take each position's argmax from
+    `stages.top1` (one pass over the head, no logits) instead of the logits; the result then has no
+    scores, so the reference loop, which hands them to transformers, never asks for it."""
 
     def __init__(self, target: Target, state: HybridState, drafter: Drafter, policy: Policy, sampler: Sampler,
-                 exact: bool = False, record_routing: bool = False):
+                 exact: bool = False, record_routing: bool = False, fused_head: bool = False):
         if record_routing and not exact:
             raise ValueError("recording routing needs the exact rows of the reference loop")
         self.target, self.state, self.drafter, self.policy, self.sampler = target, state, drafter, policy, sampler
@@ -101,6 +109,7 @@ class Round:
         policy.prepare(device)
         self.correction = policy.correction.to(device) if policy.correction is not None and target.split else None
         self.two_stage = target.split and policy.two_stage
+        self.fused_head = fused_head and sampler.plain_greedy and target.plain_head
 
     @torch.no_grad()
     def __call__(self, context: torch.Tensor, budget: torch.Tensor, process: Process) -> RoundResult:
@@ -121,20 +130,30 @@ class Round:
         routing = [] if self.record_routing else None
         hidden, features = stages.verify(self.target, state, tokens, kept, counted, rows, self.two_stage, self.cond,
                                          routing)
-        logits, processed = stages.score(self.target, hidden, block.tokens, process)
-        emitted, accepted = stages.accept(self.sampler.round_rule, processed, block.tokens, counted)
+        if self.fused_head:
+            emitted, accepted = greedy_accept_tokens(stages.top1(self.target, hidden), block.tokens, counted)
+            logits = processed = None
+            empty = torch.full_like(accepted, hidden.shape[1] + 1)
+        else:
+            logits, processed = stages.score(self.target, hidden, block.tokens, process)
+            emitted, accepted = stages.accept(self.sampler.round_rule, processed, block.tokens, counted)
+            empty = self.sampler.empty(processed, accepted)
         m = torch.where(budget > 0, accepted + 1, 0)
         stages.commit(state, self.drafter, features, m)
-        return RoundResult(block, selection.w0, w, emitted, accepted, self.sampler.empty(processed, accepted), layer0,
-                           logits, processed, routing)
+        return RoundResult(block, selection.w0, w, emitted, accepted, empty, layer0, logits, processed, routing)
 
 
 @torch.no_grad()
-def ar_step(target: Target, state: HybridState, anchor: torch.Tensor, sampler: Sampler):
+def ar_step(target: Target, state: HybridState, anchor: torch.Tensor, sampler: Sampler, fused_head: bool = False):
     """One autoregressive token after `anchor` `[B, 1]`: verify it alone, accept, commit. Returns
-    `(tokens [B, 1], accepted [B] (zeros), empty [B])`."""
+    `(tokens [B, 1], accepted [B] (zeros), empty [B])`. `fused_head` as in `Round`."""
     hidden, _ = stages.verify(target, state, anchor, None, None, 1, False)
-    _, processed = stages.score(target, hidden, anchor[:, :0], sampler.process)
-    emitted, accepted = stages.accept(sampler.own_rule, processed, anchor[:, :0], None)
+    if fused_head and sampler.plain_greedy and target.plain_head:
+        emitted, accepted = greedy_accept_tokens(stages.top1(target, hidden), anchor[:, :0])
+        empty = torch.full_like(accepted, 2)
+    else:
+        _, processed = stages.score(target, hidden, anchor[:, :0], sampler.process)
+        emitted, accepted = stages.accept(sampler.own_rule, processed, anchor[:, :0], None)
+        empty = sampler.empty(processed, accepted)
     stages.commit(state, None, hidden[..., :0], accepted + 1)
-    return emitted, accepted, sampler.empty(processed, accepted)
+    return emitted, accepted, empty

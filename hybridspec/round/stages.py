@@ -12,6 +12,7 @@ import torch
 
 from hybridspec import parallel
 from hybridspec.drafter.protocol import DraftBlock, Drafter
+from hybridspec.ops import lm_head_top1
 from hybridspec.ops.routing import distinct_prefix_counts
 from hybridspec.patches.forward import Stage0, stage0, stage1, verify_forward
 from hybridspec.policy import Correction, Policy, Selection
@@ -76,6 +77,16 @@ def score(target: Target, hidden: torch.Tensor, drafts: torch.Tensor, process: P
     # a tensor-parallel head is split over the vocabulary: every rank gathers all of it
     logits = parallel.column(target.lm_head, hidden, gather=True).float()
     return logits, process(logits, drafts)
+
+
+def top1(target: Target, hidden: torch.Tensor) -> torch.Tensor:
+    """The head's argmax `[B, n]` of the verified rows in one pass over its weight
+    (`hybridspec.ops.lm_head_top1`), without the `[B, n, V]` logits: for plain greedy rounds on a
+    `Target.plain_head`. It is `torch.argmax` of the logits in the head's dtype, summed in the
+    kernel's order (a near-tie can go the other way than after cuBLAS, as between two GEMMs)."""
+    B, n, H = hidden.shape
+    tokens, _, _ = lm_head_top1(hidden.reshape(B * n, H), target.lm_head.weight)
+    return tokens.view(B, n)
 
 
 def accept(rule: AcceptRule, processed: torch.Tensor, drafts: torch.Tensor, w: torch.Tensor | None):

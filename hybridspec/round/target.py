@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridspec import parallel
+from hybridspec.fused import plain_linear
 from hybridspec.patches import family_of
 from hybridspec.patches.forward import EAGER, Blocks, has_router_boundary
 from hybridspec.patches.fusion import fuse_model
@@ -41,6 +43,13 @@ class Target:
     @property
     def lm_head(self) -> torch.nn.Module:
         return self.model.get_output_embeddings()
+
+    @property
+    def plain_head(self) -> bool:
+        """The LM head computes `F.linear(h, weight)` on an unsharded weight, so its argmax may come
+        from `hybridspec.ops.lm_head_top1` without the logits."""
+        head = self.lm_head
+        return plain_linear(head) and not isinstance(head.weight, parallel.DTensor)
 
     @property
     def device(self) -> torch.device:

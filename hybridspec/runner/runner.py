@@ -50,6 +50,10 @@ class Runner:
     `enforce_eager`: run the step without CUDA graphs (always so on the CPU). `compile`: compile
     each decoder-layer kind once with `torch.compile` (fusing its elementwise work) before capture,
     the drafter's layers too where it is a `CompilableDrafter`; default on when graphs are captured.
+    `fused_head`: greedy calls without warpers take each position's argmax from the fused LM-head
+    top-1 (`hybridspec.ops.lm_head_top1`: one pass over the head's weight, no logits) instead of
+    the logits; off by default until it is timed on the GPU (`benchmarks/bench_runner.py
+    --fused-head`).
 
     `dispatch="cond"` (needs a drafter) verifies each round's w rows in per-length `torch.cond`
     branches (`hybridspec/round/cond.py`) instead of the default fixed 16-row graph. Such a step
@@ -59,7 +63,7 @@ class Runner:
 
     def __init__(self, model, drafter: DeviceDrafter | None = None, policy=None, *, capacity: int,
                  sampler: Sampler | None = None, enforce_eager: bool = False, compile: bool | None = None,
-                 dispatch: str = "fixed", batch_size: int = 1):
+                 dispatch: str = "fixed", batch_size: int = 1, fused_head: bool = False):
         if dispatch not in ("fixed", "cond"):
             raise ValueError(f"dispatch must be 'fixed' or 'cond', got {dispatch!r}")
         if dispatch == "cond" and drafter is None:
@@ -97,10 +101,11 @@ class Runner:
         self.io = RoundIO.allocate(self.width, self.device, B)
         self.round = None
         if drafter is not None:
-            self.round = Round(self.target, self.state, drafter, policy, self.sampler)
+            self.round = Round(self.target, self.state, drafter, policy, self.sampler, fused_head=fused_head)
             if dispatch == "cond":
                 self.round.cond = CondVerify(self.target.family, model, self.state, taps, drafter.block_size,
                                              self.round.two_stage)
+        self.fused_head = fused_head
         self._step_fn = self._spec_step if drafter is not None else self._ar_step
         self._enforce_eager = enforce_eager
         self.step = CapturedStep(self._step_fn, self.device, enforce_eager)
@@ -119,7 +124,7 @@ class Runner:
 
     def _ar_step(self) -> None:
         io = self.io
-        tokens, accepted, empty = ar_step(self.target, self.state, io.anchor, self.sampler)
+        tokens, accepted, empty = ar_step(self.target, self.state, io.anchor, self.sampler, self.fused_head)
         one = accepted + 1
         io.finish(tokens, accepted, one, one, empty, torch.full_like(one, -1))
 

@@ -213,3 +213,34 @@ def test_a_weight_replaced_between_calls_makes_the_runner_capture_again():
         runner.generate(prompt, 4)
         assert (runner.step is not step) == recaptures, lin
         step = runner.step
+
+
+@pytest.mark.parametrize("drafting", [False, True])
+def test_the_fused_head_gives_the_logits_argmax(pair, drafting, monkeypatch):
+    """`Runner(fused_head=True)`: plain greedy rounds (and AR steps) take each position's argmax from
+    `lm_head_top1` instead of the logits, and still emit target-only decoding's tokens; a sampler
+    with warpers or sampling keeps the logits."""
+    from hybridspec.policy import FixedPolicy
+    from hybridspec.round import stages
+    from hybridspec.round.round import Sampler
+
+    calls = []
+    top1 = stages.top1
+    monkeypatch.setattr(stages, "top1", lambda target, hidden: calls.append(hidden.shape) or top1(target, hidden))
+    model, drafter = pair
+    prompt, ref = reference(model, 6)
+    drafter.bind(model)
+    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:], vocab_size=VOCAB) if drafting else None
+    policy = FixedPolicy("fixed", 8) if drafting else None
+    runner = Runner(model, replay, policy, capacity=64, fused_head=True)
+    if drafting:
+        assert runner.round.fused_head
+    torch.manual_seed(6)
+    out, stats = runner.generate(prompt, MAX_NEW)
+    assert torch.equal(out, ref)
+    # every round (or step) took its argmax from the fused head
+    assert len(calls) >= len(stats.accepted) > 0
+    if drafting:
+        assert max(stats.accepted) > 2
+        sampled = Runner(model, replay, policy, capacity=64, fused_head=True, sampler=Sampler(do_sample=True))
+        assert not sampled.round.fused_head

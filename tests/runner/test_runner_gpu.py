@@ -76,6 +76,30 @@ def test_captured_autoregressive_runner_equals_target_only():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
+def test_captured_fused_head_equals_target_only(build):
+    """`Runner(fused_head=True)` captured and compiled: the greedy argmax from `lm_head_top1`'s
+    kernels, AR steps and rounds alike, gives target-only decoding's tokens on fp32 models."""
+    from hybridspec.ops.dispatch import launch_counts
+    from hybridspec.policy import FixedPolicy
+
+    model = build(seed=4).cuda()
+    ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
+    inner = tiny_drafter().cuda()
+    inner.bind(model)
+    drafter = DeviceReplayDrafter(inner, ref[0, PROMPT.shape[1]:], vocab_size=model.config.vocab_size)
+    for spec in (None, drafter):
+        before = launch_counts["lm_head_partial"]
+        runner = Runner(model, spec, FixedPolicy("fixed", 8) if spec is not None else None, capacity=256,
+                        fused_head=True)
+        assert runner.captured and (spec is None or runner.round.fused_head)
+        out, _ = runner.generate(PROMPT.cuda(), MAX_NEW)
+        assert torch.equal(out, ref)
+        # the AR step's argmax came from the fused head's kernel (launched at capture)
+        assert launch_counts["lm_head_partial"] > before
+
+
+@pytest.mark.gpu
 def test_captured_sampling_is_seeded_and_top_k_one_is_greedy():
     model = hybridspec.enable(qwen35_causal_lm(seed=4).cuda())
     hybridspec.disable(model)
