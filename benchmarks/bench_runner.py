@@ -350,13 +350,15 @@ def inductor_settings(text: str) -> dict:
     and floats parsed; an unknown name raises before anything runs)."""
     import torch._inductor.config as config
 
-    from hybridspec.ops.dispatch import LAYER_OPTIONS
+    from hybridspec.ops.dispatch import LAYER_OPTIONS, PDL
 
     settings = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
         if not hasattr(config, name):
             raise SystemExit(f"--inductor: torch._inductor.config has no setting {name!r}")
+        if name == "triton.enable_pdl" and not PDL:
+            raise SystemExit("--inductor triton.enable_pdl with HYBRIDSPEC_PDL=0: PDL is off for every kernel there")
         current = getattr(config, name)
         parsed = bool(int(value)) if isinstance(current, bool) else type(current)(value) if current is not None else value
         setattr(config, name, parsed)

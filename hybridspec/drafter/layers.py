@@ -168,7 +168,7 @@ def sliding_block(layer: DFlashDecoderLayer, h, cos, sin, mask, keys, values, bl
 
 class LayerBlocks(NamedTuple):
     """The per-layer functions `DFlashDrafter.propose` calls: eager (`EAGER`), or compiled once per
-    layer kind (`compiled_once(LayerBlocks)`). They take the layer module and tensors only, so every
+    layer kind (`compiled_once(LayerBlocks, layer_options())`). They take the layer module and tensors only, so every
     layer of a kind shares one compiled graph (its parameters are graph inputs)."""
 
     full: object = full_block

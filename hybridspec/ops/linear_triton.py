@@ -11,8 +11,9 @@ BLOCK_M rows of `x` (all of them for M <= 64) by a BLOCK_N-row tile of the weigh
 BLOCK_K steps, with fp32 accumulation, and stores the sum rounded once to the output dtype. Tails
 of M, N and K are masked loads of zeros. No split-K and no atomics: each output is summed by one
 program in a fixed order, so a result is the same on every run. With programmatic dependent
-launch a program first asks for its weight rows in L2 (`prefetch_l2`, up to `PREFETCH_LINES` cache
-lines a row), then waits for the kernel before it (`pdl_enter`).
+launch a program waits for the kernel before it (`pdl_enter`); with `PREFETCH_LINES > 0` (the
+host's `prefetch_row_bytes`, off by default) it first asks for up to that many cache lines of each
+of its weight rows in L2 (`prefetch_l2`).
 """
 
 from __future__ import annotations

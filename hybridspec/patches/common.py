@@ -24,8 +24,9 @@ from hybridspec.state import GDNSlot
 @dataclass
 class GemmRoutes:
     """Which GEMMs of the verification forward run on `small_linear` (where it takes the inputs: CUDA,
-    at most 64 rows, a plain weight; it launches with programmatic dependent launch and asks for its
-    weight in L2 before it waits) rather than `F.linear` (cuBLAS). Read when the layers are traced or
+    at most 64 rows, a plain weight; it launches with programmatic dependent launch, and with
+    `LinearKernelConfig.prefetch_row_bytes > 0` (off by default) asks for its weight in L2 before it
+    waits) rather than `F.linear` (cuBLAS). Read when the layers are traced or
     run, so set it before the first compile. `moe` is measured (docs/benchmarks.md, "Few-row
     linear"); `benchmarks/bench_runner.py --small-linear` measures the others."""
 
@@ -260,7 +261,8 @@ def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`F.linear(x, weight)` for the MoE block's narrow weights (the router with the shared expert's
     gate, 272 rows with padding at the 35B-A3B shape, or with its projections too where the experts
     op does not run it; the router's rows alone in Stage 0; the shared expert's down projection in
-    that case), on `small_linear` on CUDA where it takes the inputs: 1.16x / 1.14x
+    that case), on `small_linear` on CUDA where it takes the inputs and `GEMM_ROUTES.moe` is on (the
+    default): 1.16x / 1.14x
     cuBLAS at one row on an H200, timed chained over cold weights in one graph (docs/benchmarks.md,
     "Few-row linear"); inside the runner's profile both take 8.8 us, so the gain there is within
     noise. Wider projections keep cuBLAS, which was as fast or faster there (`GEMM_ROUTES`).

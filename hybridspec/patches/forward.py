@@ -165,7 +165,7 @@ def attention_block(family, layer, h: torch.Tensor, cos_sin, keys, values, lengt
 
 class Blocks(NamedTuple):
     """The per-layer functions `_layers` calls: eager (`EAGER`), or compiled once per layer kind
-    (`compiled_once(Blocks)`: every layer of a kind shares one compiled graph, regional
+    (`compiled_once(Blocks, layer_options())`: every layer of a kind shares one compiled graph, regional
     compilation, parameters are graph inputs)."""
 
     gdn: object = gdn_block

@@ -49,7 +49,8 @@ class Target:
         """The LM head computes `F.linear(h, weight)` on an unsharded weight, so its argmax may come
         from `hybridspec.ops.lm_head_top1` without the logits."""
         head = self.lm_head
-        return plain_linear(head) and not isinstance(head.weight, parallel.DTensor)
+        # an instance-level forward (accelerate's offload hooks, a tensor-parallel style) changes the call
+        return plain_linear(head) and "forward" not in vars(head) and not isinstance(head.weight, parallel.DTensor)
 
     @property
     def device(self) -> torch.device:
