@@ -309,6 +309,11 @@ def spec_host_time(model, drafter, prompt, continuation, new):
                 mean_accept_length=float(np.mean(stats.accepted)) + 1, exact=bool(torch.equal(out[0, prompt.shape[1]:], continuation[: new])))
 
 
+def _assignments(text: str) -> list[tuple[str, str]]:
+    """`name=value,...` -> `[(name, value), ...]` (empty items skipped)."""
+    return [tuple(item.partition("=")[::2]) for item in text.split(",") if item]
+
+
 def gemm_routes(text: str) -> dict:
     """`name,...` -> `hybridspec.patches.common.GEMM_ROUTES` with exactly those GEMM groups on
     `small_linear` (`moe`, `projections`, `out`; an empty string: none), set before anything
@@ -334,8 +339,7 @@ def linear_config(text: str) -> dict:
     from hybridspec.ops import linear
 
     changes = {}
-    for item in filter(None, text.split(",")):
-        name, _, value = item.partition("=")
+    for name, value in _assignments(text):
         if name not in asdict(linear.KERNEL_CONFIG):
             raise SystemExit(f"--linear: LinearKernelConfig has no field {name!r}")
         changes[name] = int(value)
@@ -353,8 +357,7 @@ def inductor_settings(text: str) -> dict:
     from hybridspec.ops.dispatch import LAYER_OPTIONS, PDL
 
     settings = {}
-    for item in filter(None, text.split(",")):
-        name, _, value = item.partition("=")
+    for name, value in _assignments(text):
         if not hasattr(config, name):
             raise SystemExit(f"--inductor: torch._inductor.config has no setting {name!r}")
         if name == "triton.enable_pdl" and not PDL:

@@ -64,32 +64,34 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     from hybridspec.ops import attention_triton, gdn_commit_triton, gdn_verify_triton, linear_triton, lm_head_triton, route_triton
 
     pdl = dict(USE_PDL=True)
-    kernels = []
-    kernels.append(compile_sm90(linear_triton.small_linear_kernel, "bf16",
-                 dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False,
-                      PREFETCH_LINES=64, LINE=64, **pdl)))
-    # the few-row linear asks for its weight rows in L2 before it waits
-    ptx = kernels[-1].asm["ptx"]
-    assert "prefetch.global.L2" in ptx and ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
-    kernels.append(compile_sm90(route_triton.route_topk_kernel, "bf16",
-                 dict(EP=256, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl), types={"ids_ptr": "*i64"}, num_warps=1))
     gdn = dict(HK=16, HV=32, K=128, V=128, BT=16, PRECISION="ieee", **pdl)
-    kernels.append(compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32",
-                 dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True), types={"scale": "fp32"}))
-    kernels.append(compile_sm90(gdn_commit_triton.gdn_commit_kernel, "fp32", dict(gdn, BV=32), types={"num_commit_ptr": "*i64"}))
     lengths = {"len_ptr": "*i64", "start_ptr": "*i64"}
-    kernels.append(compile_sm90(attention_triton.decode_attention_split_kernel, "bf16",
-                 dict(W=16, G=8, HKV=2, D=256, DP=256, BM=16, BN=64, SPLITS=8, HAS_START=True, CAUSAL=True,
-                      PRECISION="tf32", UPCAST=False, ROUND_BF16=False, **pdl),
-                 fp32_pointers=("o_ptr", "lse_ptr"), types={**lengths, "scale_log2": "fp32"}))
-    kernels.append(compile_sm90(attention_triton.decode_attention_combine_kernel, "bf16",
-                 dict(W=16, G=8, HKV=2, D=256, DP=256, BN=64, SPLITS=8, CS=8, HAS_GATE=True, ROUND_BF16=False, **pdl),
-                 fp32_pointers=("o_ptr", "lse_ptr"), types=lengths))
-    kernels.append(compile_sm90(lm_head_triton.lm_head_partial_kernel, "bf16",
-                 dict(H=2048, BM=16, BV=128, BK=128, HAS_SCALE=False, ROUND=1, UPCAST=False, PRECISION="tf32", **pdl),
-                 fp32_pointers=("max_ptr", "sum_ptr", "dot_ptr"), types={"idx_ptr": "*i32", "scale": "fp32"}))
-    kernels.append(compile_sm90(lm_head_triton.lm_head_combine_kernel, "fp32", dict(BT=64, **pdl),
-                 types={"idx_ptr": "*i32", "tok_ptr": "*i64"}))
+    linear = compile_sm90(linear_triton.small_linear_kernel, "bf16",
+                          dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False,
+                               INTERPRET_BF16=False, PREFETCH_LINES=64, LINE=64, **pdl))
+    # the few-row linear asks for its weight rows in L2 before it waits
+    ptx = linear.asm["ptx"]
+    assert "prefetch.global.L2" in ptx and ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
+    kernels = [
+        linear,
+        compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
+                     types={"ids_ptr": "*i64"}, num_warps=1),
+        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True),
+                     types={"scale": "fp32"}),
+        compile_sm90(gdn_commit_triton.gdn_commit_kernel, "fp32", dict(gdn, BV=32), types={"num_commit_ptr": "*i64"}),
+        compile_sm90(attention_triton.decode_attention_split_kernel, "bf16",
+                     dict(W=16, G=8, HKV=2, D=256, DP=256, BM=16, BN=64, SPLITS=8, HAS_START=True, CAUSAL=True,
+                          PRECISION="tf32", UPCAST=False, ROUND_BF16=False, **pdl),
+                     fp32_pointers=("o_ptr", "lse_ptr"), types={**lengths, "scale_log2": "fp32"}),
+        compile_sm90(attention_triton.decode_attention_combine_kernel, "bf16",
+                     dict(W=16, G=8, HKV=2, D=256, DP=256, BN=64, SPLITS=8, CS=8, HAS_GATE=True, ROUND_BF16=False, **pdl),
+                     fp32_pointers=("o_ptr", "lse_ptr"), types=lengths),
+        compile_sm90(lm_head_triton.lm_head_partial_kernel, "bf16",
+                     dict(H=2048, BM=16, BV=128, BK=128, HAS_SCALE=False, ROUND=1, UPCAST=False, PRECISION="tf32", **pdl),
+                     fp32_pointers=("max_ptr", "sum_ptr", "dot_ptr"), types={"idx_ptr": "*i32", "scale": "fp32"}),
+        compile_sm90(lm_head_triton.lm_head_combine_kernel, "fp32", dict(BT=64, **pdl),
+                     types={"idx_ptr": "*i32", "tok_ptr": "*i64"}),
+    ]
     # each waits for the kernel before it and lets the next one launch
     for compiled in kernels:
         assert "griddepcontrol.wait" in compiled.asm["ptx"] and "griddepcontrol.launch_dependents" in compiled.asm["ptx"]

@@ -58,7 +58,7 @@ def projection_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _out(linear, x: torch.Tensor, sharded_call) -> torch.Tensor:
     """A mixer's output projection: on `small_linear` where `GEMM_ROUTES.out` is on and the linear is
     plain and unsharded; otherwise `sharded_call(linear, x)` (`parallel.column` / `parallel.row`)."""
-    if GEMM_ROUTES.out and _plain_down(linear):
+    if GEMM_ROUTES.out and plain_unsharded(linear):
         return _few_row(x, linear.weight, True)
     return sharded_call(linear, x)
 
@@ -244,7 +244,7 @@ def shared_as_expert(mlp) -> tuple[torch.Tensor, torch.Tensor] | None:
     shared, experts = mlp.shared_expert, mlp.experts
     down = shared.down_proj
     act = shared.act_fn
-    if not (_plain_down(down) and type(act) in _SILU and not act._forward_hooks and not act._forward_pre_hooks
+    if not (plain_unsharded(down) and type(act) in _SILU and not act._forward_hooks and not act._forward_pre_hooks
             and not parallel.is_sharded(experts.down_proj)):
         return None
     first = mlp.gate.weight.shape[0] + mlp.shared_expert_gate.weight.shape[0]
@@ -270,16 +270,16 @@ def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _few_row(x, weight, GEMM_ROUTES.moe)
 
 
-def _plain_down(linear) -> bool:
+def plain_unsharded(linear) -> bool:
     """A plain bias-free `nn.Linear` without hooks or an instance-level `forward` (transformers'
     tensor-parallel styles and accelerate's hooks install one), its weight not sharded."""
     return plain_linear(linear) and "forward" not in vars(linear) and not isinstance(linear.weight, parallel.DTensor)
 
 
 def _down(linear, x: torch.Tensor) -> torch.Tensor:
-    """The shared expert's down projection: `moe_gemm` for a `_plain_down` linear; anything else
+    """The shared expert's down projection: `moe_gemm` for a `plain_unsharded` linear; anything else
     (an adapter in its place, a sharded weight) runs as it is."""
-    return moe_gemm(x, linear.weight) if _plain_down(linear) else linear(x)
+    return moe_gemm(x, linear.weight) if plain_unsharded(linear) else linear(x)
 
 
 def moe_linears(mlp) -> tuple:

@@ -18,7 +18,7 @@ import torch
 from hybridspec.drafter.protocol import DraftBlock, Drafter
 from hybridspec.policy import Policy
 from hybridspec.round import stages
-from hybridspec.round.accept import first_empty, greedy_accept, greedy_accept_tokens, sample_accept
+from hybridspec.round.accept import first_empty, greedy_accept, sample_accept
 from hybridspec.round.protocols import AcceptRule, Process
 from hybridspec.round.target import Target
 from hybridspec.state import HybridState
@@ -68,6 +68,12 @@ class Sampler:
         return first_empty(processed, accepted)
 
 
+def fused_head_applies(sampler: Sampler, target: Target) -> bool:
+    """Whether a round may take its argmax from the fused head (`stages.top1_accept`): a plain greedy
+    sampler, whose rule reads nothing but each position's argmax, on a plain, unsharded head."""
+    return sampler.plain_greedy and target.plain_head
+
+
 class RoundResult(NamedTuple):
     """One round on the device: the drafts, `w0`, `w`, `tokens` `[B, >= m]` (the first m = A + 1
     are emitted), `accepted` A, `empty` (`Sampler.empty`), the distinct Layer-0 experts of the
@@ -109,7 +115,7 @@ class Round:
         policy.prepare(device)
         self.correction = policy.correction.to(device) if policy.correction is not None and target.split else None
         self.two_stage = target.split and policy.two_stage
-        self.fused_head = fused_head and sampler.plain_greedy and target.plain_head
+        self.fused_head = fused_head and fused_head_applies(sampler, target)
 
     @torch.no_grad()
     def __call__(self, context: torch.Tensor, budget: torch.Tensor, process: Process) -> RoundResult:
@@ -131,9 +137,8 @@ class Round:
         hidden, features = stages.verify(self.target, state, tokens, kept, counted, rows, self.two_stage, self.cond,
                                          routing)
         if self.fused_head:
-            emitted, accepted = greedy_accept_tokens(stages.top1(self.target, hidden), block.tokens, counted)
+            emitted, accepted, empty = stages.top1_accept(self.target, hidden, block.tokens, counted)
             logits = processed = None
-            empty = torch.full_like(accepted, hidden.shape[1] + 1)
         else:
             logits, processed = stages.score(self.target, hidden, block.tokens, process)
             emitted, accepted = stages.accept(self.sampler.round_rule, processed, block.tokens, counted)
@@ -148,9 +153,8 @@ def ar_step(target: Target, state: HybridState, anchor: torch.Tensor, sampler: S
     """One autoregressive token after `anchor` `[B, 1]`: verify it alone, accept, commit. Returns
     `(tokens [B, 1], accepted [B] (zeros), empty [B])`. `fused_head` as in `Round`."""
     hidden, _ = stages.verify(target, state, anchor, None, None, 1, False)
-    if fused_head and sampler.plain_greedy and target.plain_head:
-        emitted, accepted = greedy_accept_tokens(stages.top1(target, hidden), anchor[:, :0])
-        empty = torch.full_like(accepted, 2)
+    if fused_head and fused_head_applies(sampler, target):
+        emitted, accepted, empty = stages.top1_accept(target, hidden, anchor[:, :0], None)
     else:
         _, processed = stages.score(target, hidden, anchor[:, :0], sampler.process)
         emitted, accepted = stages.accept(sampler.own_rule, processed, anchor[:, :0], None)

@@ -16,6 +16,7 @@ from hybridspec.ops import lm_head_top1
 from hybridspec.ops.routing import distinct_prefix_counts
 from hybridspec.patches.forward import Stage0, stage0, stage1, verify_forward
 from hybridspec.policy import Correction, Policy, Selection
+from hybridspec.round.accept import greedy_accept_tokens
 from hybridspec.round.protocols import AcceptRule, Process
 from hybridspec.round.target import Target
 from hybridspec.state import HybridState
@@ -87,6 +88,13 @@ def top1(target: Target, hidden: torch.Tensor) -> torch.Tensor:
     B, n, H = hidden.shape
     tokens, _, _ = lm_head_top1(hidden.reshape(B * n, H), target.lm_head.weight)
     return tokens.view(B, n)
+
+
+def top1_accept(target: Target, hidden: torch.Tensor, drafts: torch.Tensor, w: torch.Tensor | None):
+    """Score and greedy accept in one: `(tokens, accepted, empty)` from `top1`, as `score` then
+    `accept` with `greedy_accept` give them (`empty` is greedy's: past every position)."""
+    emitted, accepted = greedy_accept_tokens(top1(target, hidden), drafts, w)
+    return emitted, accepted, torch.full_like(accepted, hidden.shape[1] + 1)
 
 
 def accept(rule: AcceptRule, processed: torch.Tensor, drafts: torch.Tensor, w: torch.Tensor | None):

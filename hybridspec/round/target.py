@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridspec import parallel
-from hybridspec.fused import plain_linear
 from hybridspec.patches import family_of
+from hybridspec.patches.common import plain_unsharded
 from hybridspec.patches.forward import EAGER, Blocks, has_router_boundary
 from hybridspec.patches.fusion import fuse_model
 from hybridspec.patches.tp import check_sharding
@@ -48,9 +47,7 @@ class Target:
     def plain_head(self) -> bool:
         """The LM head computes `F.linear(h, weight)` on an unsharded weight, so its argmax may come
         from `hybridspec.ops.lm_head_top1` without the logits."""
-        head = self.lm_head
-        # an instance-level forward (accelerate's offload hooks, a tensor-parallel style) changes the call
-        return plain_linear(head) and "forward" not in vars(head) and not isinstance(head.weight, parallel.DTensor)
+        return plain_unsharded(self.lm_head)
 
     @property
     def device(self) -> torch.device:
