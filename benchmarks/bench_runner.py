@@ -65,8 +65,8 @@ ACCEPTANCE = ("AR, C(w) and the split: not applicable (no drafts are accepted); 
 SPLIT_AT = (1, 4, 8, 16)
 # torch.compile the decoder layers (the runner's default on CUDA); --no-compile clears it
 COMPILE = True
-# --fused-head: the runner's greedy argmax from the fused LM-head top-1 instead of the logits
-FUSED_HEAD = False
+# the runner's greedy argmax from the fused LM-head top-1 (its default); --no-fused-head: from the logits
+FUSED_HEAD = True
 
 
 def head_top1(target, hidden):
@@ -388,8 +388,9 @@ def main() -> None:
                         help="the GEMM groups that run on small_linear, comma-separated, from moe, projections "
                              "(the mixers' fused input projections), out (their output projections); default moe, "
                              "the library's default (recorded in the output)")
-    parser.add_argument("--fused-head", action="store_true",
-                        help="the runner's greedy argmax from the fused LM-head top-1 (Runner(fused_head=True))")
+    parser.add_argument("--no-fused-head", dest="fused_head", action="store_false",
+                        help="the runner's greedy argmax from the logits (Runner(fused_head=False)) instead of the "
+                             "fused LM-head top-1, the default")
     parser.add_argument("--linear", default="", help="small_linear's kernel config for this run, e.g. "
                         "prefetch_row_bytes=16384 (recorded in the output)")
     args = parser.parse_args()

@@ -52,8 +52,9 @@ class Runner:
     the drafter's layers too where it is a `CompilableDrafter`; default on when graphs are captured.
     `fused_head`: greedy calls without warpers take each position's argmax from the fused LM-head
     top-1 (`hybridspec.ops.lm_head_top1`: one pass over the head's weight, no logits) instead of
-    the logits; off by default until it is timed on the GPU (`benchmarks/bench_runner.py
-    --fused-head`).
+    the logits; on by default (the AR step 3.179 against 3.195 ms on the H200, docs/benchmarks.md;
+    `benchmarks/bench_runner.py --no-fused-head` times it off). Sampling, warpers and a sharded
+    head always score the logits.
 
     `dispatch="cond"` (needs a drafter) verifies each round's w rows in per-length `torch.cond`
     branches (`hybridspec/round/cond.py`) instead of the default fixed 16-row graph. Such a step
@@ -63,7 +64,7 @@ class Runner:
 
     def __init__(self, model, drafter: DeviceDrafter | None = None, policy=None, *, capacity: int,
                  sampler: Sampler | None = None, enforce_eager: bool = False, compile: bool | None = None,
-                 dispatch: str = "fixed", batch_size: int = 1, fused_head: bool = False):
+                 dispatch: str = "fixed", batch_size: int = 1, fused_head: bool = True):
         if dispatch not in ("fixed", "cond"):
             raise ValueError(f"dispatch must be 'fixed' or 'cond', got {dispatch!r}")
         if dispatch == "cond" and drafter is None:

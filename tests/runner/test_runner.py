@@ -217,9 +217,9 @@ def test_a_weight_replaced_between_calls_makes_the_runner_capture_again():
 
 @pytest.mark.parametrize("drafting", [False, True])
 def test_the_fused_head_gives_the_logits_argmax(pair, drafting, monkeypatch):
-    """`Runner(fused_head=True)`: plain greedy rounds (and AR steps) take each position's argmax from
-    `lm_head_top1` instead of the logits, and still emit target-only decoding's tokens; a sampler
-    with warpers or sampling keeps the logits."""
+    """`Runner`'s default `fused_head=True`: plain greedy rounds (and AR steps) take each position's
+    argmax from `lm_head_top1` instead of the logits, and still emit target-only decoding's tokens;
+    a sampler with warpers or sampling keeps the logits, as does `fused_head=False`."""
     from hybridspec.policy import FixedPolicy
     from hybridspec.round import stages
     from hybridspec.round.round import Sampler
@@ -232,9 +232,11 @@ def test_the_fused_head_gives_the_logits_argmax(pair, drafting, monkeypatch):
     drafter.bind(model)
     replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:], vocab_size=VOCAB) if drafting else None
     policy = FixedPolicy("fixed", 8) if drafting else None
-    runner = Runner(model, replay, policy, capacity=64, fused_head=True)
+    runner = Runner(model, replay, policy, capacity=64)
+    assert runner.fused_head
     if drafting:
         assert runner.round.fused_head
+        assert not Runner(model, replay, policy, capacity=64, fused_head=False).round.fused_head
     torch.manual_seed(6)
     out, stats = runner.generate(prompt, MAX_NEW)
     assert torch.equal(out, ref)
@@ -242,5 +244,5 @@ def test_the_fused_head_gives_the_logits_argmax(pair, drafting, monkeypatch):
     assert len(calls) >= len(stats.accepted) > 0
     if drafting:
         assert max(stats.accepted) > 2
-        sampled = Runner(model, replay, policy, capacity=64, fused_head=True, sampler=Sampler(do_sample=True))
+        sampled = Runner(model, replay, policy, capacity=64, sampler=Sampler(do_sample=True))
         assert not sampled.round.fused_head
