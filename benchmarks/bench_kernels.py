@@ -32,8 +32,7 @@ one replay after a 256 MB read that flushes the L2; the table gives medians in u
 
 `--sweep` first times a few tile/split configurations of each kernel and runs the table with the
 best (the score: the worst ratio to the bytes bound over the cases); for the few-row linear it tries
-block_n 16/32/64, block_k 128/256, 3/4 stages and the L2 prefetch before the PDL wait off / 16 KB
-a row, scored by the sum of its times
+block_n 16/32/64, block_k 128/256 and 3/4 stages, scored by the sum of its times
 (timed chained: distinct cold weights back to back in one graph, as a decode step runs them).
 """
 
@@ -96,8 +95,8 @@ HEAD_SWEEP = [
     dict(block_v=64, block_k=256, num_stages=4),
 ]
 
-LINEAR_SWEEP = [dict(block_n=bn, block_k=bk, num_stages=stages, prefetch_row_bytes=pf)
-                for bn in (16, 32, 64) for bk in (128, 256) for stages in (3, 4) for pf in (0, 16384)]
+LINEAR_SWEEP = [dict(block_n=bn, block_k=bk, num_stages=stages)
+                for bn in (16, 32, 64) for bk in (128, 256) for stages in (3, 4)]
 # the chained timing of the few-row linear reads this many bytes of distinct weights per replay
 CHAIN_BYTES = 256 << 20
 

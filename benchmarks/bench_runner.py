@@ -22,8 +22,8 @@ Side by side in one run:
     python benchmarks/bench_runner.py [--out bench_out/runner] [--prompt 512] [--new 256] [--skip-hf]
     python benchmarks/bench_runner.py --skip-hf --only-ar --inductor combo_kernels=0   # an inductor setting's effect
     HYBRIDSPEC_PDL=0 python benchmarks/bench_runner.py ...   # without programmatic dependent launch
-    python benchmarks/bench_runner.py --skip-hf --only-ar --small-linear moe,projections,out   # GEMMs on small_linear
-    python benchmarks/bench_runner.py --skip-hf --only-ar --linear prefetch_row_bytes=16384   # its L2 prefetch
+    python benchmarks/bench_runner.py --skip-hf --only-ar --linear block_n=32   # small_linear's tiles
+    python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
 """
 
 from __future__ import annotations
@@ -314,26 +314,9 @@ def _assignments(text: str) -> list[tuple[str, str]]:
     return [tuple(item.partition("=")[::2]) for item in text.split(",") if item]
 
 
-def gemm_routes(text: str) -> dict:
-    """`name,...` -> `hybridspec.patches.common.GEMM_ROUTES` with exactly those GEMM groups on
-    `small_linear` (`moe`, `projections`, `out`; an empty string: none), set before anything
-    compiles; an unknown name raises before anything runs. Returns the routes as a dict."""
-    from dataclasses import asdict, fields
-
-    from hybridspec.patches import common
-
-    names = [n for n in text.split(",") if n]
-    known = [f.name for f in fields(common.GemmRoutes)]
-    unknown = sorted(set(names) - set(known))
-    if unknown:
-        raise SystemExit(f"--small-linear: no GEMM group {unknown[0]!r}; the groups are {', '.join(known)}")
-    common.GEMM_ROUTES = common.GemmRoutes(**{name: name in names for name in known})
-    return asdict(common.GEMM_ROUTES)
-
-
 def linear_config(text: str) -> dict:
     """`name=value,...` -> those fields of `hybridspec.ops.linear.KERNEL_CONFIG` (ints), e.g.
-    `prefetch_row_bytes=16384`; an unknown name raises before anything runs. Returns the config."""
+    `block_n=32`; an unknown name raises before anything runs. Returns the config."""
     from dataclasses import asdict, replace
 
     from hybridspec.ops import linear
@@ -384,24 +367,19 @@ def main() -> None:
     parser.add_argument("--inductor", default="",
                         help="inductor settings for this run, e.g. combo_kernels=0 (torch._inductor.config and the "
                              "runner's compile options, set before anything compiles; recorded in the output)")
-    parser.add_argument("--small-linear", default="moe",
-                        help="the GEMM groups that run on small_linear, comma-separated, from moe, projections "
-                             "(the mixers' fused input projections), out (their output projections); default moe, "
-                             "the library's default (recorded in the output)")
     parser.add_argument("--no-fused-head", dest="fused_head", action="store_false",
                         help="the runner's greedy argmax from the logits (Runner(fused_head=False)) instead of the "
                              "fused LM-head top-1, the default")
     parser.add_argument("--linear", default="", help="small_linear's kernel config for this run, e.g. "
-                        "prefetch_row_bytes=16384 (recorded in the output)")
+                        "block_n=32 (recorded in the output)")
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
-    routes = gemm_routes(args.small_linear)
     linear_cfg = linear_config(args.linear)
     global COMPILE, FUSED_HEAD
     COMPILE = not args.no_compile
     FUSED_HEAD = args.fused_head
     torch.backends.cuda.matmul.allow_tf32 = False
-    info = dict(env_info(), inductor=inductor, small_linear=routes, linear_config=linear_cfg, fused_head=args.fused_head)
+    info = dict(env_info(), inductor=inductor, linear_config=linear_cfg, fused_head=args.fused_head)
     print(info)
     t0 = time.perf_counter()
     if args.tiny:

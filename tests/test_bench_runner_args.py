@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch._inductor.config as inductor_config
 
-from benchmarks.bench_runner import gemm_routes, inductor_settings, linear_config
+from benchmarks.bench_runner import inductor_settings, linear_config
 from hybridspec.ops import dispatch
 
 
@@ -30,23 +30,12 @@ def test_an_unknown_inductor_setting_stops_the_run():
         inductor_settings("not_a_setting=1")
 
 
-def test_gemm_routes_are_set_exactly_as_named(monkeypatch):
-    from hybridspec.patches import common
-
-    monkeypatch.setattr(common, "GEMM_ROUTES", common.GEMM_ROUTES)
-    assert gemm_routes("moe,out") == {"moe": True, "projections": False, "out": True}
-    assert common.GEMM_ROUTES == common.GemmRoutes(moe=True, projections=False, out=True)
-    assert gemm_routes("") == {"moe": False, "projections": False, "out": False}
-    with pytest.raises(SystemExit, match="no GEMM group 'qkv'"):
-        gemm_routes("moe,qkv")
-
-
 def test_linear_config_sets_the_named_fields(monkeypatch):
     from hybridspec.ops import linear
 
     monkeypatch.setattr(linear, "KERNEL_CONFIG", linear.KERNEL_CONFIG)
-    got = linear_config("prefetch_row_bytes=16384,block_n=32")
-    assert got["prefetch_row_bytes"] == 16384 and got["block_n"] == 32
-    assert linear.KERNEL_CONFIG.prefetch_row_bytes == 16384
+    got = linear_config("num_stages=3,block_n=32")
+    assert got["num_stages"] == 3 and got["block_n"] == 32
+    assert linear.KERNEL_CONFIG.num_stages == 3
     with pytest.raises(SystemExit, match="no field 'prefetch'"):
         linear_config("prefetch=1")

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from hybridspec.calibration.acceptance import SKLEARN_HINT
 

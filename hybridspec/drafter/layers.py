@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, apply_rotary_pos_emb, rotate_half
 
-from hybridspec.cache import compiled_once
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.fused import fuse, project
 from hybridspec.ops import decode_attention

@@ -23,8 +23,6 @@ MAX_ROWS = 64
 # shared memory a launch may ask for: an H200 gives 227 KB per block, and Triton's layout
 # conversions take some of it besides the pipelined tiles
 SMEM_BUDGET = 192 * 1024
-# bytes of one L2 cache line: one prefetch address per line
-CACHE_LINE = 128
 
 
 @dataclass
@@ -32,18 +30,12 @@ class LinearKernelConfig:
     """Tiles of `small_linear_kernel`; `benchmarks/bench_kernels.py --sweep` tries other values.
     `block_n` output features per program (N / block_n programs read the weight); `block_k` columns
     per loop step (halved for fp32, and shrunk until `num_stages` pipelined tiles fit in
-    `SMEM_BUDGET`). The row tile is `max(16, next_pow2(M))`, not configurable. `prefetch_row_bytes`:
-    under programmatic dependent launch, how much of each weight row a program asks for in L2 before
-    it waits for the kernel before it (`benchmarks/bench_kernels.py --only linear` times it)."""
+    `SMEM_BUDGET`). The row tile is `max(16, next_pow2(M))`, not configurable."""
 
     block_n: int = 16
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 4
-    # with programmatic dependent launch: L2 prefetch of each program's weight rows before the wait,
-    # at most this many bytes of a row; 0 (none) until it is timed on the GPU (bench_kernels.py
-    # --only linear --sweep tries 0 and 16384; bench_runner.py --linear prefetch_row_bytes=16384)
-    prefetch_row_bytes: int = 0
 
 
 KERNEL_CONFIG = LinearKernelConfig()
@@ -76,15 +68,13 @@ def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     prec = dot_precision(x)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     pdl = use_pdl(x)
-    line = CACHE_LINE // x.element_size()
-    lines = min(-(-K // line), cfg.prefetch_row_bytes // CACHE_LINE) if pdl else 0
     small_linear_kernel[(-(-N // bn), -(-M // bm))](
         x, weight, out,
         M, N, K,
         x.stride(0), weight.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         PRECISION=prec, UPCAST=interp16, INTERPRET_BF16=TRITON_INTERPRET and x.dtype == torch.bfloat16,
-        USE_PDL=pdl, PREFETCH_LINES=next_pow2(lines) if lines > 0 else 0, LINE=line,
+        USE_PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
     )
     count_launch("small_linear")

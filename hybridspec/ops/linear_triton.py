@@ -11,9 +11,7 @@ BLOCK_M rows of `x` (all of them for M <= 64) by a BLOCK_N-row tile of the weigh
 BLOCK_K steps, with fp32 accumulation, and stores the sum rounded once to the output dtype. Tails
 of M, N and K are masked loads of zeros. No split-K and no atomics: each output is summed by one
 program in a fixed order, so a result is the same on every run. With programmatic dependent
-launch a program waits for the kernel before it (`pdl_enter`); with `PREFETCH_LINES > 0` (the
-host's `prefetch_row_bytes`, off by default) it first asks for up to that many cache lines of each
-of its weight rows in L2 (`prefetch_l2`).
+launch a program waits for the kernel before it (`pdl_enter`).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.ops.moe_triton import _round_bf16
-from hybridspec.ops.pdl_triton import pdl_enter, prefetch_l2
+from hybridspec.ops.pdl_triton import pdl_enter
 
 
 @triton.jit
@@ -32,16 +30,9 @@ def small_linear_kernel(
     s_xm, s_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
     i_n = tl.program_id(0)
     i_m = tl.program_id(1)
-    # the weight is constant for the step: pull this program's rows into L2 while the kernel before
-    # runs (one address per LINE-element cache line, clamped inside the weight)
-    if USE_PDL and PREFETCH_LINES > 0:
-        n_pf = tl.minimum(i_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-        k_pf = tl.minimum(tl.arange(0, PREFETCH_LINES) * LINE, K - 1)
-        prefetch_l2(w_ptr + n_pf[:, None].to(tl.int64) * s_wn + k_pf[None, :])
     pdl_enter(USE_PDL)
     rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = i_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -9,24 +9,14 @@ load or store keeps each kernel's reads and writes where stream order put them; 
 after the wait means a kernel that has started implies every kernel two or more places before it
 has finished, which inductor's PDL kernels (they, too, wait before they signal) rely on as well.
 With `USE_PDL` false (older GPUs, the interpreter, `HYBRIDSPEC_PDL=0`) the branch compiles away.
-
-The one thing a kernel may touch before `pdl_enter` is memory no kernel of the step writes: a
-weight. `prefetch_l2` asks for its cache lines in L2 (no registers held, nothing read back), so a
-weight-streaming kernel starts pulling its weight while the kernel before it finishes.
+(An L2 prefetch of `small_linear`'s weight before the wait was timed on the H200 and removed: the
+AR step did not change, docs/benchmarks.md, "The fused head on by default".)
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """`prefetch.global.L2` of every address in `ptrs` (one per 128-byte line is enough); the
-    addresses must be valid. Returns zeros (inline asm needs an output)."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                     is_pure=False, pack=1)
 
 
 @triton.jit

@@ -5,8 +5,6 @@ collective); unsharded ones are called as they are."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,48 +17,6 @@ from hybridspec.ops import decode_attention, gdn_verify, route_topk, small_linea
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.state import GDNSlot
-
-
-@dataclass
-class GemmRoutes:
-    """Which GEMMs of the verification forward run on `small_linear` (where it takes the inputs: CUDA,
-    at most 64 rows, a plain weight; it launches with programmatic dependent launch, and with
-    `LinearKernelConfig.prefetch_row_bytes > 0` (off by default) asks for its weight in L2 before it
-    waits) rather than `F.linear` (cuBLAS). Read when the layers are traced or
-    run, so set it before the first compile. `moe` is measured (docs/benchmarks.md, "Few-row
-    linear"); `benchmarks/bench_runner.py --small-linear` measures the others."""
-
-    # the MoE block's narrow GEMMs: the router with the shared expert's gate, the shared down projection
-    moe: bool = True
-    # the GDN mixer's fused input projections and attention's fused q/k/v
-    projections: bool = False
-    # the GDN mixer's out_proj and attention's o_proj
-    out: bool = False
-
-
-GEMM_ROUTES = GemmRoutes()
-
-
-def _few_row(x: torch.Tensor, weight: torch.Tensor, route: bool) -> torch.Tensor:
-    """`F.linear(x, weight)`, on `small_linear` where `route` is on and it takes the inputs."""
-    flat = x.reshape(-1, x.shape[-1])
-    if route and x.is_cuda and fits(flat, weight):
-        return small_linear(flat, weight).view(*x.shape[:-1], weight.shape[0])
-    return F.linear(x, weight)
-
-
-def projection_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The GEMM of a mixer's fused input projections (`fused.project(..., gemm=)`), routed by
-    `GEMM_ROUTES.projections`."""
-    return _few_row(x, weight, GEMM_ROUTES.projections)
-
-
-def _out(linear, x: torch.Tensor, sharded_call) -> torch.Tensor:
-    """A mixer's output projection: on `small_linear` where `GEMM_ROUTES.out` is on and the linear is
-    plain and unsharded; otherwise `sharded_call(linear, x)` (`parallel.column` / `parallel.row`)."""
-    if GEMM_ROUTES.out and plain_unsharded(linear):
-        return _few_row(x, linear.weight, True)
-    return sharded_call(linear, x)
 
 
 def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
@@ -89,7 +45,7 @@ def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor |
     B, w = q.shape[:2]
     o, _ = gdn_verify(q, k, v, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
-    return _out(mod.out_proj, o.reshape(B, w, -1), lambda lin, y: parallel.column(lin, y, gather=True))
+    return parallel.column(mod.out_proj, o.reshape(B, w, -1), gather=True)
 
 
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start, pad,
@@ -104,8 +60,7 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     hidden_shape = (B, w, -1, mod.head_dim)
     linears = (mod.q_proj, mod.k_proj, mod.v_proj)
     # one GEMM over the fused weight (hybridspec.fused); sharded, each rank's heads
-    qg, k, v = (project(mod, "qkv", linears, x, gemm=projection_gemm)
-                or [parallel.column(lin, x, gather=False) for lin in linears])
+    qg, k, v = project(mod, "qkv", linears, x) or [parallel.column(lin, x, gather=False) for lin in linears]
     q, gate = torch.chunk(qg.reshape(B, w, -1, mod.head_dim * 2), 2, dim=-1)
     q = mod.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
     k = mod.k_norm(k.reshape(hidden_shape)).transpose(1, 2)
@@ -121,7 +76,7 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     values[batch, :, rows] = v.transpose(1, 2)
     out = decode_attention(q.transpose(1, 2), keys, values, start, scale=mod.scaling, gate=gate,
                            starts=pad)  # [B, w, Hq, D]
-    return _out(mod.o_proj, out.reshape(B, w, -1), parallel.row)
+    return parallel.row(mod.o_proj, out.reshape(B, w, -1))
 
 
 def is_sparse_moe(mlp) -> bool:
@@ -261,13 +216,16 @@ def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`F.linear(x, weight)` for the MoE block's narrow weights (the router with the shared expert's
     gate, 272 rows with padding at the 35B-A3B shape, or with its projections too where the experts
     op does not run it; the router's rows alone in Stage 0; the shared expert's down projection in
-    that case), on `small_linear` on CUDA where it takes the inputs and `GEMM_ROUTES.moe` is on (the
-    default): 1.16x / 1.14x
-    cuBLAS at one row on an H200, timed chained over cold weights in one graph (docs/benchmarks.md,
-    "Few-row linear"); inside the runner's profile both take 8.8 us, so the gain there is within
-    noise. Wider projections keep cuBLAS, which was as fast or faster there (`GEMM_ROUTES`).
-    Where autograd records, `fits` says no: the op has no backward."""
-    return _few_row(x, weight, GEMM_ROUTES.moe)
+    that case), on `small_linear` on CUDA where it takes the inputs: 1.16x / 1.14x cuBLAS at one
+    row on an H200, timed chained over cold weights in one graph (docs/benchmarks.md, "Few-row
+    linear"); inside the runner's profile both take 8.8 us, so the gain there is within noise.
+    The mixers' wider projections keep cuBLAS: with them and the output projections on
+    `small_linear` too the AR step took 3.33 against 3.20 ms (docs/benchmarks.md, "The fused
+    head on by default"). Where autograd records, `fits` says no: the op has no backward."""
+    flat = x.reshape(-1, x.shape[-1])
+    if x.is_cuda and fits(flat, weight):
+        return small_linear(flat, weight).view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight)
 
 
 def plain_unsharded(linear) -> bool:

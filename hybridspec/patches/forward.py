@@ -7,7 +7,6 @@ from typing import NamedTuple
 import torch
 
 from hybridspec import parallel
-from hybridspec.cache import compiled_once
 from hybridspec.ops import GDNFactors
 from hybridspec.patches.common import attention_verify, is_sparse_moe, moe_apply, moe_verify, route
 from hybridspec.state import MAX_VERIFY, GDNSlot, HybridState
