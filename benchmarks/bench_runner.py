@@ -14,8 +14,12 @@ Side by side in one run:
    real hidden states of the block, and the LM head + greedy accept over the 16 rows; "other" =
    C(w) minus the target's parts (norms, residuals, embedding). Beside them, the drafter's round
    alone (its `propose` over the prompt's context: 16-position block, layers, fused LM-head top-1),
-   which every speculative round adds to C(w). Per component, the kernels per layer at w = 1 and
-   the costliest kernels (torch.profiler over one eager call of the compiled functions).
+   which every speculative round adds to C(w), and Stage 0 (embedding, Layer-0 GDN and router over
+   the 16 rows), as the round runs it (uncompiled) and compiled. Per component, the kernels per
+   layer at w = 1 and the costliest kernels (torch.profiler over one eager call of the compiled
+   functions). Then the whole round at w = 1, 4, 8, 16 (the runner's captured round, replay
+   drafter, fixed length) beside C(w) and the drafter: the rest is Stage 0, the length choice,
+   the accept and the commit, what the calibrated fixed cost holds beyond C and the drafter.
 4. Host time per round of speculative decoding on the runner (CPU time between replays, not
    waiting), with the replay drafter (simulated acceptance) at w = 16.
 
@@ -54,14 +58,14 @@ from hybridspec.ops.routing import distinct_prefix_counts  # noqa: E402
 from hybridspec.patches.common import attention_verify, moe_verify  # noqa: E402
 from hybridspec.cache import compiled_once  # noqa: E402
 from hybridspec.ops.dispatch import layer_options  # noqa: E402
-from hybridspec.patches.forward import EAGER, Blocks, load_prefill, verify_forward  # noqa: E402
+from hybridspec.patches.forward import EAGER, Blocks, load_prefill, stage0, verify_forward  # noqa: E402
 from hybridspec.runner import Runner  # noqa: E402
 from hybridspec.shapes import build_drafter, build_target  # noqa: E402
 
 W = 16
 # what this script's figures rest on (every result says whether its acceptance is simulated or real)
-ACCEPTANCE = ("AR, C(w) and the split: not applicable (no drafts are accepted); spec_host: simulated (replay "
-              "drafter at w = 16 on random weights)")
+ACCEPTANCE = ("AR, C(w) and the split: not applicable (no drafts are accepted); spec_host and rounds: simulated "
+              "(replay drafter on random weights, at w = 16 and at each fixed length)")
 SPLIT_AT = (1, 4, 8, 16)
 # torch.compile the decoder layers (the runner's default on CUDA); --no-compile clears it
 COMPILE = True
@@ -257,9 +261,28 @@ def component_split(model, drafter, prompt):
     def draft():
         drafter.propose(anchor)
 
-    parts = (("gdn", gdn), ("attention", attention), ("moe", moe), ("lm_head_accept", head_accept), ("drafter", draft))
+    def stage0_as_run():
+        # what `stages.route_layer0` runs in a two-stage round: all W rows, uncompiled
+        state.num_tokens = None
+        stage0(family, model, tokens, state)
+
+    parts = [("gdn", gdn), ("attention", attention), ("moe", moe), ("lm_head_accept", head_accept), ("drafter", draft),
+             ("stage0", stage0_as_run)]
+    stage0_compiled = torch.compile(stage0, dynamic=False, options=layer_options())
+
+    def stage0_compiled_run():
+        state.num_tokens = None
+        stage0_compiled(family, model, tokens, state)
+
+    compile_error = None
+    try:
+        stage0_compiled_run()
+        parts.append(("stage0_compiled", stage0_compiled_run))
+    except Exception as error:  # a measurement of an alternative: reported in the output, never hidden
+        compile_error = f"{type(error).__name__}: {error}"[:500]
+        print(f"Stage 0 compiled: not measured ({compile_error})")
     per_layer = dict(gdn=len(state.gdn_layers), attention=len(state.attn_layers), moe=len(layers),
-                     lm_head_accept=1, drafter=len(drafter.layers))
+                     lm_head_accept=1, drafter=len(drafter.layers), stage0=1, stage0_compiled=1)
     num.fill_(1)
     kernels = {name: kernel_profile(fn, per_layer[name]) for name, fn in parts}
     pool = torch.cuda.graph_pool_handle()
@@ -268,8 +291,31 @@ def component_split(model, drafter, prompt):
     for w in SPLIT_AT:
         num.fill_(w)
         out[w] = {name: time_ms(graph.replay, replays=5, samples=15) for name, graph in graphs.items()}
+    if compile_error is not None:
+        kernels["stage0_compiled"] = dict(error=compile_error)
     del runner, graphs
     return out, kernels
+
+
+def round_costs(model, drafter, prompt, continuation, new: int = 64) -> dict:
+    """ms per speculative round at each fixed verification length of `SPLIT_AT`: the runner's whole
+    captured round (drafter, Stage 0, verification, head + accept, commit, and the host between
+    replays where it is slower than the device), with the replay drafter (simulated acceptance):
+    decode seconds over rounds launched, median of 3 calls of `new` tokens after a warm-up call."""
+    out = {}
+    for w in SPLIT_AT:
+        replay = DeviceReplayDrafter(drafter, continuation)
+        replay.bind(model)
+        runner = Runner(model, replay, FixedPolicy("fixed", w), capacity=prompt.shape[1] + new + 16, compile=COMPILE,
+                        fused_head=FUSED_HEAD)
+        runner.generate(prompt, new)
+        per_round = []
+        for _ in range(3):
+            _, stats = runner.generate(prompt, new)
+            per_round.append(stats.decode_seconds * 1e3 / stats.launched)
+        out[w] = statistics.median(per_round)
+        del runner
+    return out
 
 
 def kernel_profile(fn, layers: int, top: int = 8) -> dict:
@@ -423,6 +469,8 @@ def main() -> None:
     result["split"] = {str(w): v for w, v in split.items()}
     result["kernels_at_w1"] = kernels
     for name, k in kernels.items():
+        if "error" in k:
+            continue
         print(f"{name}: {k['kernels_per_layer']:.1f} kernels per layer (w = 1, eager launch of the compiled function)")
         for t in k["top"]:
             print(f"    {t['us_per_layer']:7.1f} us  x{t['launches_per_layer']:.1f}  {t['name']}")
@@ -431,6 +479,18 @@ def main() -> None:
     print_table(["w", "GDN ms", "attention ms", "MoE ms", "LM head + accept ms", "other ms", "C(w) ms", "drafter ms"],
                 [[w, v["gdn"], v["attention"], v["moe"], v["lm_head_accept"],
                   fixed_at[w] - sum(v[k] for k in target_parts), fixed_at[w], v["drafter"]] for w, v in split.items()])
+
+    rounds = round_costs(model, drafter, prompt, continuation)
+    result["rounds"] = {str(w): dict(round_ms=ms, c_ms=fixed_at[w], drafter_ms=split[w]["drafter"],
+                                     stage0_ms=split[w]["stage0"], stage0_compiled_ms=split[w].get("stage0_compiled"),
+                                     rest_ms=ms - fixed_at[w] - split[w]["drafter"])
+                        for w, ms in rounds.items()}
+    print("the whole round at a fixed length (replay drafter, simulated acceptance) against its parts; rest = round - "
+          "C(w) - drafter: Stage 0, the length choice, accept, commit")
+    print_table(["w", "round ms", "C(w) ms", "drafter ms", "rest ms", "Stage 0 as run ms", "Stage 0 compiled ms"],
+                [[w, r["round_ms"], r["c_ms"], r["drafter_ms"], r["rest_ms"], r["stage0_ms"],
+                  r["stage0_compiled_ms"] if r["stage0_compiled_ms"] is not None else "-"]
+                 for w, r in ((int(k), v) for k, v in result["rounds"].items())])
 
     if not args.skip_hf:
         hf_ms, warmup = hf_static_ar(model, prompt, args.new)
