@@ -19,7 +19,9 @@ Side by side in one run:
    layer at w = 1 and the costliest kernels (torch.profiler over one eager call of the compiled
    functions). Then the whole round at w = 1, 4, 8, 16 (the runner's captured round, replay
    drafter, fixed length) beside C(w) and the drafter: the rest is Stage 0, the length choice,
-   the accept and the commit, what the calibrated fixed cost holds beyond C and the drafter.
+   the accept and the commit, what the calibrated fixed cost holds beyond C and the drafter; and
+   the same round with its front (length choice, Stage 0, correction) compiled as one region
+   (`Runner(compile_front=True)`, off by default until this table decides it).
 4. Host time per round of speculative decoding on the runner (CPU time between replays, not
    waiting), with the replay drafter (simulated acceptance) at w = 16.
 
@@ -36,6 +38,7 @@ import argparse
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +54,7 @@ from hybridspec.round.prefill import prefill  # noqa: E402
 from hybridspec.sim.replay import DeviceReplayDrafter  # noqa: E402
 from hybridspec.round.stats import HybridSpecStats  # noqa: E402
 from hybridspec.patches import family_of  # noqa: E402
-from hybridspec.policy import FixedPolicy  # noqa: E402
+from hybridspec.policy import FixedPolicy, default_policy  # noqa: E402
 from hybridspec.round.stopping import HostStopping  # noqa: E402
 from hybridspec.tiny import tiny_drafter, tiny_target  # noqa: E402
 from hybridspec.ops.routing import distinct_prefix_counts  # noqa: E402
@@ -297,23 +300,33 @@ def component_split(model, drafter, prompt):
     return out, kernels
 
 
-def round_costs(model, drafter, prompt, continuation, new: int = 64) -> dict:
-    """ms per speculative round at each fixed verification length of `SPLIT_AT`: the runner's whole
-    captured round (drafter, Stage 0, verification, head + accept, commit, and the host between
-    replays where it is slower than the device), with the replay drafter (simulated acceptance):
-    decode seconds over rounds launched, median of 3 calls of `new` tokens after a warm-up call."""
+def round_costs(model, drafter, prompt, continuation, compile_front: bool, new: int = 64) -> dict:
+    """ms per speculative round, with the replay drafter (simulated acceptance): at each fixed
+    verification length of `SPLIT_AT` (keys "1", "4", ...), and under the built-in HybridSpec length
+    policy (key "hybridspec": its select runs the length arithmetic; uncalibrated, so no routing
+    correction). The runner's whole captured round (drafter, Stage 0, verification, head + accept,
+    commit, and the host between replays where it is slower than the device), its front (length
+    choice, Stage 0, correction) eager or compiled (`Runner(compile_front=)`): decode seconds over
+    rounds launched, median of 3 calls of `new` tokens after a warm-up call, and the mean verified w."""
+    capacity = prompt.shape[1] + new + 16
+    policies = {str(w): FixedPolicy("fixed", w) for w in SPLIT_AT}
+    with warnings.catch_warnings():
+        # the built-in policy warns that it is uncalibrated: here that is the point
+        warnings.simplefilter("ignore")
+        policies["hybridspec"] = default_policy("hybridspec", capacity)
     out = {}
-    for w in SPLIT_AT:
+    for name, policy in policies.items():
         replay = DeviceReplayDrafter(drafter, continuation)
         replay.bind(model)
-        runner = Runner(model, replay, FixedPolicy("fixed", w), capacity=prompt.shape[1] + new + 16, compile=COMPILE,
-                        fused_head=FUSED_HEAD)
+        runner = Runner(model, replay, policy, capacity=capacity, compile=COMPILE, fused_head=FUSED_HEAD,
+                        compile_front=compile_front)
         runner.generate(prompt, new)
-        per_round = []
+        per_round, mean_w = [], []
         for _ in range(3):
             _, stats = runner.generate(prompt, new)
             per_round.append(stats.decode_seconds * 1e3 / stats.launched)
-        out[w] = statistics.median(per_round)
+            mean_w.append(float(np.mean(stats.verify_lengths)))
+        out[name] = dict(ms=statistics.median(per_round), mean_w=statistics.median(mean_w))
         del runner
     return out
 
@@ -353,6 +366,21 @@ def spec_host_time(model, drafter, prompt, continuation, new):
                 host_us_mean=statistics.fmean(stats.host_seconds) * 1e6,
                 round_ms=stats.decode_seconds * 1e3 / stats.launched, rounds=len(stats.accepted),
                 mean_accept_length=float(np.mean(stats.accepted)) + 1, exact=bool(torch.equal(out[0, prompt.shape[1]:], continuation[: new])))
+
+
+def round_table(rounds: dict, compiled_front: dict, fixed_at: dict, split: dict) -> dict:
+    """`round_costs`' two runs beside C(w) (`fixed_at`, by int w) and the split's drafter and Stage 0
+    (`split`, by int w): per key, the round's ms and mean w, the compiled front's ms and, at a fixed
+    length, `rest_ms` = round - C(w) - drafter (Stage 0, the length choice, accept, commit)."""
+    table = {}
+    for name, r in rounds.items():
+        row = dict(round_ms=r["ms"], mean_w=r["mean_w"], round_compiled_front_ms=compiled_front[name]["ms"])
+        if name.isdigit():
+            w = int(name)
+            row.update(c_ms=fixed_at[w], drafter_ms=split[w]["drafter"], rest_ms=r["ms"] - fixed_at[w] - split[w]["drafter"],
+                       stage0_ms=split[w]["stage0"], stage0_compiled_ms=split[w].get("stage0_compiled"))
+        table[name] = row
+    return table
 
 
 def _assignments(text: str) -> list[tuple[str, str]]:
@@ -480,17 +508,17 @@ def main() -> None:
                 [[w, v["gdn"], v["attention"], v["moe"], v["lm_head_accept"],
                   fixed_at[w] - sum(v[k] for k in target_parts), fixed_at[w], v["drafter"]] for w, v in split.items()])
 
-    rounds = round_costs(model, drafter, prompt, continuation)
-    result["rounds"] = {str(w): dict(round_ms=ms, c_ms=fixed_at[w], drafter_ms=split[w]["drafter"],
-                                     stage0_ms=split[w]["stage0"], stage0_compiled_ms=split[w].get("stage0_compiled"),
-                                     rest_ms=ms - fixed_at[w] - split[w]["drafter"])
-                        for w, ms in rounds.items()}
-    print("the whole round at a fixed length (replay drafter, simulated acceptance) against its parts; rest = round - "
-          "C(w) - drafter: Stage 0, the length choice, accept, commit")
-    print_table(["w", "round ms", "C(w) ms", "drafter ms", "rest ms", "Stage 0 as run ms", "Stage 0 compiled ms"],
-                [[w, r["round_ms"], r["c_ms"], r["drafter_ms"], r["rest_ms"], r["stage0_ms"],
-                  r["stage0_compiled_ms"] if r["stage0_compiled_ms"] is not None else "-"]
-                 for w, r in ((int(k), v) for k, v in result["rounds"].items())])
+    rounds = round_costs(model, drafter, prompt, continuation, compile_front=False)
+    compiled_front = round_costs(model, drafter, prompt, continuation, compile_front=True)
+    result["rounds"] = round_table(rounds, compiled_front, fixed_at, split)
+    print("the whole round (replay drafter, simulated acceptance) at a fixed length and under the built-in HybridSpec "
+          "policy, against its parts; rest = round - C(w) - drafter: Stage 0, the length choice, accept, commit; "
+          "last column: the round with its front (length choice, Stage 0, correction) compiled")
+    columns = ("mean_w", "round_ms", "c_ms", "drafter_ms", "rest_ms", "stage0_ms", "stage0_compiled_ms",
+               "round_compiled_front_ms")
+    print_table(["w", "mean w", "round ms", "C(w) ms", "drafter ms", "rest ms", "Stage 0 as run ms",
+                 "Stage 0 compiled ms", "round, compiled front ms"],
+                [[name] + [r[c] if r.get(c) is not None else "-" for c in columns] for name, r in result["rounds"].items()])
 
     if not args.skip_hf:
         hf_ms, warmup = hf_static_ar(model, prompt, args.new)

@@ -39,3 +39,15 @@ def test_linear_config_sets_the_named_fields(monkeypatch):
     assert linear.KERNEL_CONFIG.num_stages == 3
     with pytest.raises(SystemExit, match="no field 'prefetch'"):
         linear_config("prefetch=1")
+
+
+def test_the_round_table_splits_a_fixed_length_round_and_keeps_the_policy_row():
+    from benchmarks.bench_runner import round_table
+
+    rounds = {"4": dict(ms=6.0, mean_w=4.0), "hybridspec": dict(ms=7.0, mean_w=6.5)}
+    compiled = {"4": dict(ms=5.5, mean_w=4.0), "hybridspec": dict(ms=6.4, mean_w=6.5)}
+    split = {4: dict(drafter=0.8, stage0=0.1)}
+    table = round_table(rounds, compiled, {4: 4.5}, split)
+    assert table["4"]["rest_ms"] == pytest.approx(0.7) and table["4"]["stage0_compiled_ms"] is None
+    assert table["4"]["round_compiled_front_ms"] == 5.5
+    assert table["hybridspec"] == dict(round_ms=7.0, mean_w=6.5, round_compiled_front_ms=6.4)

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from hybridspec.drafter.protocol import DraftBlock, Drafter
+from hybridspec.ops.dispatch import layer_options
 from hybridspec.policy import Policy
 from hybridspec.round import stages
 from hybridspec.round.accept import first_empty, greedy_accept, sample_accept
@@ -74,6 +75,22 @@ def fused_head_applies(sampler: Sampler, target: Target) -> bool:
     return sampler.plain_greedy and target.plain_head
 
 
+def front(policy: Policy, correction, target: Target, state: HybridState, block: DraftBlock, anchor: torch.Tensor,
+          budget: torch.Tensor):
+    """The round's stages between the drafts and the verification: select w0 under each row's budget,
+    Stage 0 over every drafted row, and the routing correction. Returns `(cap, selection, tokens,
+    kept, w, layer0)`: `cap` the budgets clamped to at least 1, `tokens` `[B, W]` the anchor and the
+    drafts. One function so that the runner can compile it as one region (`Round(compile_front=True)`):
+    eagerly it is about 120 small kernels (the length policy's arithmetic, the correction's counts,
+    Layer 0's norm, GDN mixer and router), which inductor fuses."""
+    cap = budget.clamp(min=1)
+    selection = stages.select(policy, block, cap)
+    tokens = torch.cat([anchor, block.tokens], dim=-1)  # [B, W]
+    kept = stages.route_layer0(target, tokens, state)
+    w, layer0 = stages.correct(correction, selection, kept, cap, target.num_experts)
+    return cap, selection, tokens, kept, w, layer0
+
+
 class RoundResult(NamedTuple):
     """One round on the device: the drafts, `w0`, `w`, `tokens` `[B, >= m]` (the first m = A + 1
     are emitted), `accepted` A, `empty` (`Sampler.empty`), the distinct Layer-0 experts of the
@@ -99,10 +116,13 @@ class Round:
     built for `two_stage`) verifies in per-length `torch.cond` branches instead of the fixed shape.
     `fused_head`: for a plain greedy sampler on a plain head, take each position's argmax from
     `stages.top1` (one pass over the head, no logits) instead of the logits; the result then has no
-    scores, so the reference loop, which hands them to transformers, never asks for it."""
+    scores, so the reference loop, which hands them to transformers, never asks for it.
+    `compile_front`: run `front` (select, Stage 0, correct) compiled by `torch.compile` with the
+    layers' inductor options instead of eagerly."""
 
     def __init__(self, target: Target, state: HybridState, drafter: Drafter, policy: Policy, sampler: Sampler,
-                 exact: bool = False, record_routing: bool = False, fused_head: bool = False):
+                 exact: bool = False, record_routing: bool = False, fused_head: bool = False,
+                 compile_front: bool = False):
         if record_routing and not exact:
             raise ValueError("recording routing needs the exact rows of the reference loop")
         self.target, self.state, self.drafter, self.policy, self.sampler = target, state, drafter, policy, sampler
@@ -116,6 +136,9 @@ class Round:
         self.correction = policy.correction.to(device) if policy.correction is not None and target.split else None
         self.two_stage = target.split and policy.two_stage
         self.fused_head = fused_head and fused_head_applies(sampler, target)
+        # fullgraph: one region; a change that breaks the trace fails at the first round instead of splitting it
+        self.front = (torch.compile(front, dynamic=False, fullgraph=True, options=layer_options()) if compile_front
+                      else front)
 
     @torch.no_grad()
     def __call__(self, context: torch.Tensor, budget: torch.Tensor, process: Process) -> RoundResult:
@@ -123,12 +146,9 @@ class Round:
         per row. A row without budget (it reached its limit, or EOS where the caller zeroed it)
         still runs, counts one row and commits nothing, so a finished row of a batch stays put."""
         state = self.state
-        cap = budget.clamp(min=1)
         block = stages.draft(self.drafter, context)
-        selection = stages.select(self.policy, block, cap)
-        tokens = torch.cat([context[:, -1:], block.tokens], dim=-1)  # [B, W]
-        kept = stages.route_layer0(self.target, tokens, state)
-        w, layer0 = stages.correct(self.correction, selection, kept, cap, self.target.num_experts)
+        cap, selection, tokens, kept, w, layer0 = self.front(self.policy, self.correction, self.target, state, block,
+                                                             context[:, -1:], budget)
         # a batch verifies one w; each row counts at most its budget (batch one: w <= budget)
         counted = torch.minimum(w, cap)
         # the reference loop's one host read of a length: it verifies exactly w rows

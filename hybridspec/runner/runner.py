@@ -54,7 +54,10 @@ class Runner:
     top-1 (`hybridspec.ops.lm_head_top1`: one pass over the head's weight, no logits) instead of
     the logits; on by default (the AR step 3.179 against 3.195 ms on the H200, docs/benchmarks.md;
     `benchmarks/bench_runner.py --no-fused-head` times it off). Sampling, warpers and a sharded
-    head always score the logits.
+    head always score the logits. `compile_front`: compile the round's stages between the drafts and
+    the verification (`hybridspec.round.round.front`: the length choice, Stage 0, the routing
+    correction) as one region; off by default until it is timed on the GPU
+    (`benchmarks/bench_runner.py` times the round both ways).
 
     `dispatch="cond"` (needs a drafter) verifies each round's w rows in per-length `torch.cond`
     branches (`hybridspec/round/cond.py`) instead of the default fixed 16-row graph. Such a step
@@ -64,7 +67,8 @@ class Runner:
 
     def __init__(self, model, drafter: DeviceDrafter | None = None, policy=None, *, capacity: int,
                  sampler: Sampler | None = None, enforce_eager: bool = False, compile: bool | None = None,
-                 dispatch: str = "fixed", batch_size: int = 1, fused_head: bool = True):
+                 dispatch: str = "fixed", batch_size: int = 1, fused_head: bool = True,
+                 compile_front: bool = False):
         if dispatch not in ("fixed", "cond"):
             raise ValueError(f"dispatch must be 'fixed' or 'cond', got {dispatch!r}")
         if dispatch == "cond" and drafter is None:
@@ -79,6 +83,8 @@ class Runner:
         if drafter is not None and not isinstance(drafter, DeviceDrafter):
             raise TypeError(f"the runner captures its drafter in the round: {type(drafter).__name__} is not a "
                             "DeviceDrafter (hybridspec.drafter.protocol)")
+        if dispatch == "cond" and compile_front:
+            raise ValueError("dispatch='cond' runs its rounds as dynamo traced them; compile_front needs the fixed graph")
         if dispatch == "cond" and batch_size != 1:
             raise ValueError("dispatch='cond' dispatches on one row's length: batch size 1 only")
         if dispatch == "cond":
@@ -102,7 +108,8 @@ class Runner:
         self.io = RoundIO.allocate(self.width, self.device, B)
         self.round = None
         if drafter is not None:
-            self.round = Round(self.target, self.state, drafter, policy, self.sampler, fused_head=fused_head)
+            self.round = Round(self.target, self.state, drafter, policy, self.sampler, fused_head=fused_head,
+                               compile_front=compile_front)
             if dispatch == "cond":
                 self.round.cond = CondVerify(self.target.family, model, self.state, taps, drafter.block_size,
                                              self.round.two_stage)

@@ -246,3 +246,28 @@ def test_the_fused_head_gives_the_logits_argmax(pair, drafting, monkeypatch):
         assert max(stats.accepted) > 2
         sampled = Runner(model, replay, policy, capacity=64, sampler=Sampler(do_sample=True))
         assert not sampled.round.fused_head
+
+
+def test_the_compiled_front_gives_the_eager_rounds(pair):
+    """`Runner(compile_front=True)`: the length choice, Stage 0 and the routing correction compiled
+    as one region (inductor's CPU code here; the GPU test replays it captured) give the eager
+    runner's rounds, lengths and tokens, under the calibrated policy with its correction."""
+    from hybridspec.policy import from_calibration
+    from hybridspec.round.round import front
+
+    model, drafter = pair
+    prompt, ref = reference(model, 7)
+    drafter.bind(model)
+    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:], vocab_size=VOCAB)
+    policy = from_calibration("hybridspec", synthetic_calibration(model, replay), 128)
+    runs = []
+    for compiled in (False, True):
+        runner = Runner(model, replay, policy, capacity=64, compile_front=compiled)
+        assert (runner.round.front is front) != compiled
+        torch.manual_seed(7)
+        runs.append(runner.generate(prompt, MAX_NEW))
+    (eager, eager_stats), (fast, fast_stats) = runs
+    assert torch.equal(eager, ref) and torch.equal(fast, ref)
+    assert fast_stats == eager_stats and len(set(eager_stats.verify_lengths)) > 1
+    with pytest.raises(ValueError, match="compile_front needs the fixed graph"):
+        Runner(model, replay, policy, capacity=64, dispatch="cond", compile_front=True)

@@ -103,6 +103,33 @@ def test_captured_fused_head_equals_target_only(build, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
+def test_captured_compiled_front_gives_the_eager_fronts_rounds(build):
+    """`Runner(compile_front=True)` captured with compiled layers: the length choice, Stage 0 and the
+    routing correction compiled as one region give the same rounds, lengths and tokens as the
+    runner that runs them eagerly, under the calibrated policy with its correction, on fp32 models."""
+    from hybridspec.policy import from_calibration
+    from hybridspec.round.round import front
+
+    model = build(seed=4).cuda()
+    ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
+    hybridspec.enable(model)
+    replay = DeviceReplayDrafter(tiny_drafter().cuda(), ref[0, PROMPT.shape[1]:])
+    replay.bind(model)
+    policy = from_calibration("hybridspec", synthetic_calibration(model, replay), 256)
+    runs = []
+    for compiled in (False, True):
+        runner = Runner(model, replay, policy, capacity=256, compile_front=compiled)
+        assert runner.captured and (runner.round.front is front) != compiled
+        torch.manual_seed(3)
+        runs.append(runner.generate(PROMPT.cuda(), MAX_NEW))
+    (eager, eager_stats), (fast, fast_stats) = runs
+    assert torch.equal(eager, ref) and torch.equal(fast, ref)
+    assert fast_stats.verify_lengths == eager_stats.verify_lengths and fast_stats.accepted == eager_stats.accepted
+    assert len(set(eager_stats.verify_lengths)) > 1
+
+
+@pytest.mark.gpu
 def test_captured_sampling_is_seeded_and_top_k_one_is_greedy():
     model = hybridspec.enable(qwen35_causal_lm(seed=4).cuda())
     hybridspec.disable(model)
