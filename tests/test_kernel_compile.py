@@ -66,11 +66,9 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     pdl = dict(USE_PDL=True)
     gdn = dict(HK=16, HV=32, K=128, V=128, BT=16, PRECISION="ieee", **pdl)
     lengths = {"len_ptr": "*i64", "start_ptr": "*i64"}
-    linear = compile_sm90(linear_triton.small_linear_kernel, "bf16",
-                          dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False,
-                               INTERPRET_BF16=False, **pdl))
     kernels = [
-        linear,
+        compile_sm90(linear_triton.small_linear_kernel, "bf16",
+                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl)),
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=1),
         compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True),

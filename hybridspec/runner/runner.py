@@ -56,8 +56,8 @@ class Runner:
     `benchmarks/bench_runner.py --no-fused-head` times it off). Sampling, warpers and a sharded
     head always score the logits. `compile_front`: compile the round's stages between the drafts and
     the verification (`hybridspec.round.round.front`: the length choice, Stage 0, the routing
-    correction) as one region; off by default until it is timed on the GPU
-    (`benchmarks/bench_runner.py` times the round both ways).
+    correction) as one region (an AR runner has no front: ignored without a drafter); off by
+    default until it is timed on the GPU (`benchmarks/bench_runner.py` times the round both ways).
 
     `dispatch="cond"` (needs a drafter) verifies each round's w rows in per-length `torch.cond`
     branches (`hybridspec/round/cond.py`) instead of the default fixed 16-row graph. Such a step

@@ -183,4 +183,3 @@ def test_real_shapes(case):
     check_against_naive(case, x, w, got)
     assert torch.equal(got, small_linear(x, w))
     assert_rel(got, F.linear(x, w), TOL[case.dtype], "vs F.linear")
-

@@ -269,5 +269,8 @@ def test_the_compiled_front_gives_the_eager_rounds(pair):
     (eager, eager_stats), (fast, fast_stats) = runs
     assert torch.equal(eager, ref) and torch.equal(fast, ref)
     assert fast_stats == eager_stats and len(set(eager_stats.verify_lengths)) > 1
+    # the compiled correct's second output too (not part of the stats' equality), and the correction fired
+    assert fast_stats.layer0_experts == eager_stats.layer0_experts
+    assert any(w > w0 for w, w0 in zip(eager_stats.verify_lengths, eager_stats.nominal_lengths))
     with pytest.raises(ValueError, match="compile_front needs the fixed graph"):
         Runner(model, replay, policy, capacity=64, dispatch="cond", compile_front=True)
