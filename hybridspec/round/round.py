@@ -19,8 +19,8 @@ from hybridspec.drafter.protocol import DraftBlock, Drafter
 from hybridspec.ops.dispatch import layer_options
 from hybridspec.policy import Policy
 from hybridspec.round import stages
-from hybridspec.round.accept import first_empty, greedy_accept, sample_accept
-from hybridspec.round.protocols import AcceptRule, Process
+from hybridspec.round.accept import first_empty, greedy_accept, greedy_accept_tokens, sample_accept
+from hybridspec.round.protocols import AcceptRule, Process, Top1AcceptRule
 from hybridspec.round.target import Target
 from hybridspec.state import HybridState
 
@@ -70,9 +70,20 @@ class Sampler:
 
 
 def fused_head_applies(sampler: Sampler, target: Target) -> bool:
-    """Whether a round may take its argmax from the fused head (`stages.top1_accept`): a plain greedy
-    sampler, whose rule reads nothing but each position's argmax, on a plain, unsharded head."""
+    """Whether an AR step may take its argmax from the fused head (`stages.top1_accept`): a plain
+    greedy sampler, whose rule reads nothing but each position's argmax, on a plain, unsharded head."""
     return sampler.plain_greedy and target.plain_head
+
+
+def round_top1_rule(sampler: Sampler, target: Target):
+    """The rule a round may run on the fused head's top-1 (`stages.top1_accept`), or None where it
+    needs the scores: greedy's (`greedy_accept_tokens`) for a plain greedy sampler, a custom rule's
+    `accept_top1` where it is a `Top1AcceptRule` (greedy, no warpers); on a plain, unsharded head."""
+    if not target.plain_head or sampler.do_sample or sampler.warpers:
+        return None
+    if sampler.rule is None:
+        return greedy_accept_tokens
+    return sampler.rule.accept_top1 if isinstance(sampler.rule, Top1AcceptRule) else None
 
 
 def front(policy: Policy, correction, target: Target, state: HybridState, block: DraftBlock, anchor: torch.Tensor,
@@ -114,9 +125,10 @@ class Round:
     (one host read per round: the reference loop) instead of the fixed `W`. `record_routing`: keep
     every MoE layer's expert ids (calibration). Setting `cond` (a `hybridspec.round.cond.CondVerify`
     built for `two_stage`) verifies in per-length `torch.cond` branches instead of the fixed shape.
-    `fused_head`: for a plain greedy sampler on a plain head, take each position's argmax from
-    `stages.top1` (one pass over the head, no logits) instead of the logits; the result then has no
-    scores, so the reference loop, which hands them to transformers, never asks for it.
+    `fused_head`: where the round's rule reads only each position's argmax (`round_top1_rule`: plain
+    greedy, or a `Top1AcceptRule`) on a plain head, take that argmax from `stages.top1` (one pass
+    over the head, no logits) instead of the logits; the result then has no scores, so the
+    reference loop, which hands them to transformers, never asks for it.
     `compile_front`: run `front` (select, Stage 0, correct) compiled by `torch.compile` with the
     layers' inductor options instead of eagerly."""
 
@@ -135,7 +147,8 @@ class Round:
         policy.prepare(device)
         self.correction = policy.correction.to(device) if policy.correction is not None and target.split else None
         self.two_stage = target.split and policy.two_stage
-        self.fused_head = fused_head and fused_head_applies(sampler, target)
+        self.top1_rule = round_top1_rule(sampler, target) if fused_head else None
+        self.fused_head = self.top1_rule is not None
         # fullgraph: one region; a change that breaks the trace fails at the first round instead of splitting it
         self.front = (torch.compile(front, dynamic=False, fullgraph=True, options=layer_options()) if compile_front
                       else front)
@@ -157,7 +170,7 @@ class Round:
         hidden, features = stages.verify(self.target, state, tokens, kept, counted, rows, self.two_stage, self.cond,
                                          routing)
         if self.fused_head:
-            emitted, accepted, empty = stages.top1_accept(self.target, hidden, block.tokens, counted)
+            emitted, accepted, empty = stages.top1_accept(self.target, hidden, block.tokens, counted, self.top1_rule)
             logits = processed = None
         else:
             logits, processed = stages.score(self.target, hidden, block.tokens, process)

@@ -90,10 +90,12 @@ def top1(target: Target, hidden: torch.Tensor) -> torch.Tensor:
     return tokens.view(B, n)
 
 
-def top1_accept(target: Target, hidden: torch.Tensor, drafts: torch.Tensor, w: torch.Tensor | None):
-    """Score and greedy accept in one: `(tokens, accepted, empty)` from `top1`, as `score` then
-    `accept` with `greedy_accept` give them (`empty` is greedy's: past every position)."""
-    emitted, accepted = greedy_accept_tokens(top1(target, hidden), drafts, w)
+def top1_accept(target: Target, hidden: torch.Tensor, drafts: torch.Tensor, w: torch.Tensor | None,
+                rule=greedy_accept_tokens):
+    """Score and accept in one: `(tokens, accepted, empty)` from `top1` and `rule(best, drafts, w)`
+    (greedy's, or a `Top1AcceptRule`'s `accept_top1`), as `score` then `accept` give them for a rule
+    that reads only the argmax (`empty` is greedy's: past every position)."""
+    emitted, accepted = rule(top1(target, hidden), drafts, w)
     return emitted, accepted, torch.full_like(accepted, hidden.shape[1] + 1)
 
 

@@ -33,9 +33,18 @@ class ForcedAcceptance:
                  num_tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """`(tokens [B, D + 1], accepted [B])`: the continuation from the anchor's successor, and
         the draws' leading correct drafts capped at w - 1 (`num_tokens` = w, or all scored rows)."""
+        return self._forced(processed.shape[1], num_tokens)
+
+    def accept_top1(self, best: torch.Tensor, draft: torch.Tensor,
+                    num_tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same from the fused head's argmax `best` `[B, n]` (a `Top1AcceptRule`): the rule
+        reads no score, so a round on a plain head skips the logits, as a plain greedy round does."""
+        return self._forced(best.shape[1], num_tokens)
+
+    def _forced(self, rows: int, num_tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         truth, correct = self.replay.truth, self.replay.correct_prefix
         if truth is None:
             raise RuntimeError("ForcedAcceptance runs after the replay drafter's propose of the same round")
-        w = processed.shape[1] if num_tokens is None else num_tokens
+        w = rows if num_tokens is None else num_tokens
         cap = torch.as_tensor(w, device=correct.device) - 1
         return truth, torch.minimum(correct, cap)

@@ -193,6 +193,43 @@ def test_forced_replay_takes_the_drawn_acceptance(pair):
     assert max(outs[0].hybridspec_stats.accepted) > 2
 
 
+def test_forced_rounds_take_the_fused_head_as_greedy_rounds_do(pair, monkeypatch):
+    """The forced rule reads no score (a `Top1AcceptRule`), so the runner's rounds under it take the
+    fused head's top-1 instead of the logits, as plain greedy rounds do (what the benchmark times
+    is then the path a greedy call runs), with the same rounds and tokens as with the logits; a
+    sampling call keeps the logits."""
+    from hybridspec.policy import FixedPolicy
+    from hybridspec.round import stages
+    from hybridspec.round.round import Sampler
+
+    calls = []
+    top1 = stages.top1
+    monkeypatch.setattr(stages, "top1", lambda target, hidden: calls.append(hidden.shape) or top1(target, hidden))
+    model, drafter = pair
+    prompt, ref = reference(model, 6)
+    drafter.bind(model)
+    replay = DeviceReplayDrafter(drafter, (ref[0, prompt.shape[1]:] + 1) % VOCAB, vocab_size=VOCAB)
+    rule = ForcedAcceptance(replay)
+    runs = []
+    for fused in (True, False):
+        calls.clear()
+        runner = Runner(model, replay, FixedPolicy("fixed", 16), capacity=64, sampler=Sampler(False, rule=rule),
+                        fused_head=fused)
+        assert runner.round.fused_head == fused
+        torch.manual_seed(3)
+        runs.append(runner.generate(prompt, MAX_NEW))
+        assert bool(calls) == fused
+    (fast, fast_stats), (slow, slow_stats) = runs
+    assert torch.equal(fast, slow) and fast_stats == slow_stats and max(fast_stats.accepted) > 2
+    sampled = Runner(model, replay, FixedPolicy("fixed", 16), capacity=64, sampler=Sampler(True, rule=rule))
+    assert not sampled.round.fused_head
+    # a custom rule that may read the scores keeps the logits
+    from hybridspec.round.accept import greedy_accept
+
+    custom = Runner(model, replay, FixedPolicy("fixed", 16), capacity=64, sampler=Sampler(False, rule=greedy_accept))
+    assert not custom.round.fused_head
+
+
 def test_a_weight_replaced_between_calls_makes_the_runner_capture_again():
     """A captured graph reads the weights at their addresses: a parameter replaced between calls (of
     the target, fused or not, or of the drafter) must give a new capture, and nothing else does."""

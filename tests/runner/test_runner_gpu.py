@@ -132,6 +132,31 @@ def test_captured_compiled_front_gives_the_eager_fronts_rounds(build):
 
 
 @pytest.mark.gpu
+def test_captured_forced_rounds_take_the_fused_head():
+    """The benchmark's forced rule (a `Top1AcceptRule`) on the captured, compiled runner: rounds
+    take the fused head's top-1 and give the same rounds and tokens as with the logits."""
+    from hybridspec.policy import FixedPolicy
+    from hybridspec.round.round import Sampler
+    from hybridspec.sim.forced import ForcedAcceptance
+
+    model = qwen35_causal_lm(seed=4).cuda()
+    ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
+    hybridspec.enable(model)
+    replay = DeviceReplayDrafter(tiny_drafter().cuda(), (ref[0, PROMPT.shape[1]:] + 1) % model.config.vocab_size)
+    replay.bind(model)
+    rule = ForcedAcceptance(replay)
+    runs = []
+    for fused in (True, False):
+        runner = Runner(model, replay, FixedPolicy("fixed", 16), capacity=256, sampler=Sampler(False, rule=rule),
+                        fused_head=fused)
+        assert runner.captured and runner.round.fused_head == fused
+        torch.manual_seed(5)
+        runs.append(runner.generate(PROMPT.cuda(), MAX_NEW))
+    (fast, fast_stats), (slow, slow_stats) = runs
+    assert torch.equal(fast, slow) and fast_stats == slow_stats and max(fast_stats.accepted) > 2
+
+
+@pytest.mark.gpu
 def test_captured_sampling_is_seeded_and_top_k_one_is_greedy():
     model = hybridspec.enable(qwen35_causal_lm(seed=4).cuda())
     hybridspec.disable(model)

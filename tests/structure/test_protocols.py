@@ -12,7 +12,7 @@ from hybridspec.drafter.protocol import CompilableDrafter, DeviceDrafter, Drafte
 from hybridspec.fingerprint import Fingerprinted
 from hybridspec.policy import AcceptanceModel, AdaptivePolicy, FixedPolicy, LengthPolicy, Policy, RatioPolicy
 from hybridspec.round.accept import greedy_accept, sample_accept
-from hybridspec.round.protocols import AcceptRule, Process, RoundRecorder
+from hybridspec.round.protocols import AcceptRule, Process, RoundRecorder, Top1AcceptRule
 from hybridspec.round.round import Sampler
 from hybridspec.sim.forced import ForcedAcceptance
 from hybridspec.sim.replay import DeviceReplayDrafter, ReplayDrafter
@@ -43,6 +43,9 @@ def test_policies_rules_and_hooks_satisfy_their_protocols():
     assert all(isinstance(p, Policy) for p in policies)
     replay = DeviceReplayDrafter(tiny_drafter(), torch.zeros(3, dtype=torch.long))
     assert all(isinstance(r, AcceptRule) for r in (greedy_accept, sample_accept, ForcedAcceptance(replay)))
+    # only a rule that reads nothing but the argmax takes the fused head's top-1
+    assert isinstance(ForcedAcceptance(replay), Top1AcceptRule)
+    assert not any(isinstance(r, Top1AcceptRule) for r in (greedy_accept, sample_accept))
     assert isinstance(Sampler(False).process, Process)
     from hybridspec.calibration.acceptance import AcceptanceModel as Fitted
     from hybridspec.calibration.capture import RoundRecorder as Recorder
