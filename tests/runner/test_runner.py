@@ -59,6 +59,16 @@ def both_loops(model, drafter, prompt, ref, seed, **kwargs):
     return outs
 
 
+def count_top1(monkeypatch) -> list:
+    """A list that gets one entry per `stages.top1` call (a round or step taking the fused head)."""
+    from hybridspec.round import stages
+
+    calls = []
+    top1 = stages.top1
+    monkeypatch.setattr(stages, "top1", lambda target, hidden: calls.append(hidden.shape) or top1(target, hidden))
+    return calls
+
+
 @pytest.mark.parametrize("family,policy", CASES)
 def test_runner_equals_target_only_and_the_reference_loop(models, family, policy):
     model, drafter = models[family], random_drafter(seed=2)
@@ -199,12 +209,9 @@ def test_forced_rounds_take_the_fused_head_as_greedy_rounds_do(pair, monkeypatch
     is then the path a greedy call runs), with the same rounds and tokens as with the logits; a
     sampling call keeps the logits."""
     from hybridspec.policy import FixedPolicy
-    from hybridspec.round import stages
     from hybridspec.round.round import Sampler
 
-    calls = []
-    top1 = stages.top1
-    monkeypatch.setattr(stages, "top1", lambda target, hidden: calls.append(hidden.shape) or top1(target, hidden))
+    calls = count_top1(monkeypatch)
     model, drafter = pair
     prompt, ref = reference(model, 6)
     drafter.bind(model)
@@ -258,12 +265,9 @@ def test_the_fused_head_gives_the_logits_argmax(pair, drafting, monkeypatch):
     argmax from `lm_head_top1` instead of the logits, and still emit target-only decoding's tokens;
     a sampler with warpers or sampling keeps the logits, as does `fused_head=False`."""
     from hybridspec.policy import FixedPolicy
-    from hybridspec.round import stages
     from hybridspec.round.round import Sampler
 
-    calls = []
-    top1 = stages.top1
-    monkeypatch.setattr(stages, "top1", lambda target, hidden: calls.append(hidden.shape) or top1(target, hidden))
+    calls = count_top1(monkeypatch)
     model, drafter = pair
     prompt, ref = reference(model, 6)
     drafter.bind(model)
