@@ -25,9 +25,9 @@ class AcceptRule(Protocol):
 @runtime_checkable
 class Top1AcceptRule(Protocol):
     """An accept rule that reads nothing of the scores but each position's argmax (greedy reads
-    that; the benchmark's forced acceptance reads none of them): `accept_top1(best [B, n], drafts,
-    num_tokens)` gives what the rule gives for any scores whose argmax is `best`. A round on a plain
-    head may then hand it the fused LM head's top-1 instead of the `[B, n, V]` logits."""
+    that; a rule may read less): `accept_top1(best [B, n], drafts, num_tokens)` gives what the rule
+    gives for any scores whose argmax is `best`. A round on a plain head may then hand it the fused
+    LM head's top-1 instead of the `[B, n, V]` logits."""
 
     def accept_top1(self, best: torch.Tensor, drafts: torch.Tensor,
                     num_tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
