@@ -286,7 +286,7 @@ def component_split(model, drafter, prompt):
         stage0_compiled_run()
         parts.append(("stage0_compiled", stage0_compiled_run))
     except Exception as error:  # a measurement of an alternative: reported in the output, never hidden
-        compile_error = f"{type(error).__name__}: {error}"[:500]
+        compile_error = error_text(error)
         print(f"Stage 0 compiled: not measured ({compile_error})")
     per_layer = dict(gdn=len(state.gdn_layers), attention=len(state.attn_layers), moe=len(layers),
                      lm_head_accept=1, drafter=len(drafter.layers), stage0=1, stage0_compiled=1)
@@ -320,10 +320,7 @@ def round_costs(model, drafter, prompt, continuation, compile_front: bool, new: 
         policies["hybridspec"] = default_policy("hybridspec", capacity)
     out = {}
     for name, policy in policies.items():
-        replay = DeviceReplayDrafter(drafter, continuation)
-        replay.bind(model)
-        runner = Runner(model, replay, policy, capacity=capacity, compile=COMPILE, fused_head=FUSED_HEAD,
-                        compile_front=compile_front)
+        runner = replay_runner(model, drafter, continuation, policy, capacity, compile_front=compile_front)
         runner.generate(prompt, new)
         per_round, mean_w = [], []
         for seed in range(3):
@@ -358,11 +355,22 @@ def kernel_profile(fn, layers: int, top: int = 8) -> dict:
                 top=[dict(name=n[:90], us_per_layer=t / layers, launches_per_layer=c / layers) for n, (t, c) in ranked])
 
 
-def spec_host_time(model, drafter, prompt, continuation, new):
+def replay_runner(model, drafter, continuation, policy, capacity: int, compile_front: bool = False) -> Runner:
+    """The runner of this script's speculative rows: the replay drafter over `continuation`
+    (simulated acceptance), the script's compile and fused-head settings."""
     replay = DeviceReplayDrafter(drafter, continuation)
     replay.bind(model)
-    runner = Runner(model, replay, FixedPolicy("fixed", W), capacity=prompt.shape[1] + new + 16, compile=COMPILE,
-                    fused_head=FUSED_HEAD)
+    return Runner(model, replay, policy, capacity=capacity, compile=COMPILE, fused_head=FUSED_HEAD,
+                  compile_front=compile_front)
+
+
+def error_text(error: Exception) -> str:
+    """What an alternative's failed measurement records in the output (it is reported, never hidden)."""
+    return f"{type(error).__name__}: {error}"[:500]
+
+
+def spec_host_time(model, drafter, prompt, continuation, new):
+    runner = replay_runner(model, drafter, continuation, FixedPolicy("fixed", W), prompt.shape[1] + new + 16)
     torch.manual_seed(0)
     out, stats = runner.generate(prompt, new)
     torch.manual_seed(0)
@@ -521,7 +529,7 @@ def main() -> None:
     try:
         compiled_front = round_costs(model, drafter, prompt, continuation, compile_front=True)
     except Exception as error:  # an alternative's measurement: reported in the output, never hidden
-        result["rounds_compiled_front_error"] = f"{type(error).__name__}: {error}"[:500]
+        result["rounds_compiled_front_error"] = error_text(error)
         print(f"rounds with a compiled front: not measured ({result['rounds_compiled_front_error']})")
         compiled_front = {name: dict(ms=None) for name in rounds}
     result["rounds"] = round_table(rounds, compiled_front, fixed_at, split)

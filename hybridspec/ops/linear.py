@@ -74,8 +74,7 @@ def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x.stride(0), weight.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         PRECISION=prec, UPCAST=interp16, INTERPRET_BF16=TRITON_INTERPRET and x.dtype == torch.bfloat16,
-        USE_PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
+        USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
     )
     count_launch("small_linear")
     return out

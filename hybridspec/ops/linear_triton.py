@@ -31,9 +31,9 @@ def small_linear_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     i_n = tl.program_id(0)
     i_m = tl.program_id(1)
-    pdl_enter(USE_PDL)
     rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M

@@ -184,9 +184,10 @@ class Round:
 @torch.no_grad()
 def ar_step(target: Target, state: HybridState, anchor: torch.Tensor, sampler: Sampler, fused_head: bool = False):
     """One autoregressive token after `anchor` `[B, 1]`: verify it alone, accept, commit. Returns
-    `(tokens [B, 1], accepted [B] (zeros), empty [B])`. `fused_head` as in `Round`."""
+    `(tokens [B, 1], accepted [B] (zeros), empty [B])`. `fused_head`: take the argmax from the
+    fused head, where the caller found that `fused_head_applies` (once, not every step)."""
     hidden, _ = stages.verify(target, state, anchor, None, None, 1, False)
-    if fused_head and fused_head_applies(sampler, target):
+    if fused_head:
         emitted, accepted, empty = stages.top1_accept(target, hidden, anchor[:, :0], None)
     else:
         _, processed = stages.score(target, hidden, anchor[:, :0], sampler.process)

@@ -28,7 +28,7 @@ from hybridspec.round.accept import process_positions
 from hybridspec.round.cond import CondVerify
 from hybridspec.round.emit import emit
 from hybridspec.round.prefill import start
-from hybridspec.round.round import Round, Sampler, ar_step
+from hybridspec.round.round import Round, Sampler, ar_step, fused_head_applies
 from hybridspec.round.stats import HybridSpecStats, device_time
 from hybridspec.round.stopping import HostStopping
 from hybridspec.round.target import Target
@@ -113,7 +113,8 @@ class Runner:
             if dispatch == "cond":
                 self.round.cond = CondVerify(self.target.family, model, self.state, taps, drafter.block_size,
                                              self.round.two_stage)
-        self.fused_head = fused_head
+        # the AR step's own decision (a Round makes its own): decided once, not per step
+        self.fused_head = fused_head and fused_head_applies(self.sampler, self.target)
         self._step_fn = self._spec_step if drafter is not None else self._ar_step
         self._enforce_eager = enforce_eager
         self.step = CapturedStep(self._step_fn, self.device, enforce_eager)

@@ -15,6 +15,7 @@ from hybridspec.sim.forced import ForcedAcceptance
 from hybridspec.sim.replay import DeviceReplayDrafter
 from hybridspec.runner import Runner
 from tests.calibration.synthetic import synthetic_calibration
+from tests.helpers import count_top1
 from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm, random_drafter
 
 MAX_NEW = 32
@@ -57,16 +58,6 @@ def both_loops(model, drafter, prompt, ref, seed, **kwargs):
                                    do_sample=False, return_dict_in_generate=True, reference_loop=reference_loop,
                                    **kwargs))
     return outs
-
-
-def count_top1(monkeypatch) -> list:
-    """A list that gets one entry per `stages.top1` call (a round or step taking the fused head)."""
-    from hybridspec.round import stages
-
-    calls = []
-    top1 = stages.top1
-    monkeypatch.setattr(stages, "top1", lambda target, hidden: calls.append(hidden.shape) or top1(target, hidden))
-    return calls
 
 
 @pytest.mark.parametrize("family,policy", CASES)

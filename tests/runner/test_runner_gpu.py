@@ -12,6 +12,7 @@ from hybridspec.sim.replay import DeviceReplayDrafter
 from hybridspec.runner import Runner
 from hybridspec.tiny import tiny_drafter
 from tests.calibration.synthetic import synthetic_calibration
+from tests.helpers import count_top1
 from tests.models import qwen3_next_causal_lm, qwen35_causal_lm
 
 PROMPT = torch.arange(3, 14)[None]
@@ -81,11 +82,8 @@ def test_captured_fused_head_equals_target_only(build, monkeypatch):
     """`Runner(fused_head=True)` captured and compiled: the greedy argmax from `lm_head_top1`'s
     kernels, AR steps and rounds alike, gives target-only decoding's tokens on fp32 models."""
     from hybridspec.policy import FixedPolicy
-    from hybridspec.round import stages
 
-    calls = []
-    top1 = stages.top1
-    monkeypatch.setattr(stages, "top1", lambda target, hidden: calls.append(hidden.shape) or top1(target, hidden))
+    calls = count_top1(monkeypatch)
     model = build(seed=4).cuda()
     ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
     inner = tiny_drafter().cuda()
