@@ -22,7 +22,7 @@ Side by side in one run:
    verification from the embedding (C(w), Layer 0 included) and the drafter: Stage 0 run eagerly,
    the length choice, correction, accept, commit and host time; and
    the same round with its front (length choice, Stage 0, correction) compiled as one region
-   (`Runner(compile_front=True)`, off by default until this table decides it).
+   (`Runner(compile_front=True)`, the default where the layers are compiled, as here).
 4. Host time per round of speculative decoding on the runner (CPU time between replays, not
    waiting), with the replay drafter (simulated acceptance) at w = 16.
 
@@ -31,6 +31,7 @@ Side by side in one run:
     HYBRIDSPEC_PDL=0 python benchmarks/bench_runner.py ...   # without programmatic dependent launch
     python benchmarks/bench_runner.py --skip-hf --only-ar --linear block_n=32   # small_linear's tiles
     python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
+    python benchmarks/bench_runner.py --skip-hf --only-round-kernels   # every kernel of one whole round, w = 1 and 16
 """
 
 from __future__ import annotations
@@ -355,13 +356,33 @@ def kernel_profile(fn, layers: int, top: int = 8) -> dict:
                 top=[dict(name=n[:90], us_per_layer=t / layers, launches_per_layer=c / layers) for n, (t, c) in ranked])
 
 
-def replay_runner(model, drafter, continuation, policy, capacity: int, compile_front: bool = False) -> Runner:
+def replay_runner(model, drafter, continuation, policy, capacity: int, compile_front: bool = False,
+                  enforce_eager: bool = False) -> Runner:
     """The runner of this script's speculative rows: the replay drafter over `continuation`
     (simulated acceptance), the script's compile and fused-head settings."""
     replay = DeviceReplayDrafter(drafter, continuation)
     replay.bind(model)
     return Runner(model, replay, policy, capacity=capacity, compile=COMPILE, fused_head=FUSED_HEAD,
-                  compile_front=compile_front)
+                  compile_front=compile_front, enforce_eager=enforce_eager)
+
+
+def round_kernels(model, drafter, prompt, continuation, w: int, compile_front: bool, top: int = 30) -> dict:
+    """Every kernel of one whole speculative round at verification length `w` (replay drafter,
+    simulated acceptance; compiled layers and front as the runner has them, launched eagerly so
+    torch.profiler sees each kernel): the count and the `top` kernels by GPU time. The split times
+    the components in graphs; this says what the rest of a round (commit, the drafter's context,
+    accept, emit) launches."""
+    runner = replay_runner(model, drafter, continuation, FixedPolicy("fixed", w), prompt.shape[1] + 64,
+                           compile_front=compile_front, enforce_eager=True)
+    runner.start(prompt)
+    # budget for every round here (a round without budget verifies one row); with the replay
+    # drafter's ~1 token a round, the rounds stay within the buffers
+    runner.io.budget.fill_(64)
+    for _ in range(2):
+        runner.step()
+    profile = kernel_profile(runner.step, 1, top=top)
+    del runner
+    return profile
 
 
 def error_text(error: Exception) -> str:
@@ -454,6 +475,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="the tiny random models (a smoke test of this script)")
     parser.add_argument("--no-compile", action="store_true", help="capture eager decoder layers (no torch.compile)")
     parser.add_argument("--only-ar", action="store_true", help="stop after the autoregressive comparison")
+    parser.add_argument("--only-round-kernels", action="store_true",
+                        help="after the autoregressive comparison, only the kernels of one whole round at w = 1 and 16")
     parser.add_argument("--inductor", default="",
                         help="inductor settings for this run, e.g. combo_kernels=0 (torch._inductor.config and the "
                              "runner's compile options, set before anything compiles; recorded in the output)")
@@ -496,6 +519,15 @@ def main() -> None:
           f"{ar_bound_ms:.3f} ms; host {ar_host_us:.1f} us/token; compile+capture+runs {ar_setup:.0f} s")
     continuation = ar_out[0, args.prompt:]
     if args.only_ar:
+        write_json(Path(args.out) / "runner.json", result)
+        return
+    if args.only_round_kernels:
+        result["round_kernels"] = {}
+        for w in (1, W):
+            k = result["round_kernels"][str(w)] = round_kernels(model, drafter, prompt, continuation, w, COMPILE)
+            print(f"one whole round at w = {w} (simulated acceptance, launched eagerly): {k['kernels_per_layer']:.0f} kernels")
+            for t in k["top"]:
+                print(f"    {t['us_per_layer']:7.1f} us  x{t['launches_per_layer']:.0f}  {t['name']}")
         write_json(Path(args.out) / "runner.json", result)
         return
 

@@ -9,6 +9,7 @@ rows. Both commit m = A + 1 tokens inside the round.
 
 from __future__ import annotations
 
+import types
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -102,6 +103,17 @@ def front(policy: Policy, correction, target: Target, state: HybridState, block:
     return cap, selection, tokens, kept, w, layer0
 
 
+def compiled_front():
+    """`front` compiled as one fullgraph region with the layers' inductor options, on a copy of its
+    code object. Dynamo keeps compiled code, and counts recompiles, per code object: every round of
+    a process would share `front`'s, each runner's policy and target would be a recompile of it, and
+    with fullgraph the ninth fails (`recompile_limit` is 8). With its own copy each round compiles
+    once, however many a process builds."""
+    own = types.FunctionType(front.__code__.replace(), front.__globals__, front.__name__, front.__defaults__,
+                             front.__closure__)
+    return torch.compile(own, dynamic=False, fullgraph=True, options=layer_options())
+
+
 class RoundResult(NamedTuple):
     """One round on the device: the drafts, `w0`, `w`, `tokens` `[B, >= m]` (the first m = A + 1
     are emitted), `accepted` A, `empty` (`Sampler.empty`), the distinct Layer-0 experts of the
@@ -150,8 +162,7 @@ class Round:
         self.top1_rule = round_top1_rule(sampler, target) if fused_head else None
         self.fused_head = self.top1_rule is not None
         # fullgraph: one region; a change that breaks the trace fails at the first round instead of splitting it
-        self.front = (torch.compile(front, dynamic=False, fullgraph=True, options=layer_options()) if compile_front
-                      else front)
+        self.front = compiled_front() if compile_front else front
 
     @torch.no_grad()
     def __call__(self, context: torch.Tensor, budget: torch.Tensor, process: Process) -> RoundResult:

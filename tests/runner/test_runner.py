@@ -306,3 +306,23 @@ def test_the_compiled_front_gives_the_eager_rounds(pair):
     assert any(w > w0 for w, w0 in zip(eager_stats.verify_lengths, eager_stats.nominal_lengths))
     with pytest.raises(ValueError, match="compile_front needs the fixed graph"):
         Runner(model, replay, policy, capacity=64, dispatch="cond", compile_front=True)
+    assert Runner(model, replay, policy, capacity=64).round.front is front
+
+
+def test_every_runner_compiles_its_own_front(pair):
+    """Dynamo counts recompiles per code object, and with fullgraph the ninth fails: runners of
+    other policies (each a recompile of a shared `front`) would fail from the ninth on. Each round
+    compiles its own copy, so a process may build any number of them."""
+    from hybridspec.policy import FixedPolicy
+
+    model, drafter = pair
+    prompt, ref = reference(model, 8)
+    drafter.bind(model)
+    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:], vocab_size=VOCAB)
+    fronts = set()
+    for length in (16, 15, 14, 13, 12, 11, 10, 9, 8, 7):
+        runner = Runner(model, replay, FixedPolicy("fixed", length), capacity=64, compile_front=True)
+        out, _ = runner.generate(prompt, 8)
+        assert torch.equal(out, ref[:, : out.shape[1]])
+        fronts.add(runner.round.front)
+    assert len(fronts) == 10
