@@ -63,7 +63,7 @@ HQ, HKV, D = 16, 2, 256
 VOCAB, HIDDEN = 248_320, 2048
 CONTEXTS = (512, 8192)
 WIDTHS = (1, 4, 16)
-ROWS = (15, 60)
+ROWS = (1, 15, 16, 60)
 # (rows, experts, top-k) of the router cases
 ROUTER_CASES = [(r, 256, 8) for r in (1, 16, 64)] + [(r, 512, 10) for r in (1, 16, 64)]
 # (N, K) of the few-row linear cases, and their rows

@@ -65,8 +65,8 @@ def _lm_head_top1_op(
         rnd = 3
     prec = dot_precision(weight)
     pdl = use_pdl(hidden)
-    parts = [torch.empty(tiles, N, dtype=torch.float32, device=hidden.device) for _ in range(3)]
-    idx = torch.empty(tiles, N, dtype=torch.int32, device=hidden.device)
+    parts = [torch.empty(N, tiles, dtype=torch.float32, device=hidden.device) for _ in range(3)]
+    idx = torch.empty(N, tiles, dtype=torch.int32, device=hidden.device)
     lm_head_partial_kernel[(tiles, -(-N // bm))](
         hidden, weight, parts[0], idx, parts[1], parts[2],
         N, V, scale,

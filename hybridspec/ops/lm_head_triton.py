@@ -5,8 +5,10 @@ the weight, without the `[N, V]` logits.
    BV-row tile of the weight (fp32 accumulation), rounds the logits to the weight's dtype and,
    with a scale, rounds `logit * scale` again (what `F.linear(...) * scale` computes), and stores per
    row the tile's maximum, the first index reaching it, `S = sum exp(l - max)` and
-   `T = sum exp(l - max) (l - max)`.
-2. `lm_head_combine_kernel`, grid (N,): merges the tiles in index order. With `M` the overall
+   `T = sum exp(l - max) (l - max)`, row-major `[N, tiles]`.
+2. `lm_head_combine_kernel`, grid (N,): merges the tiles in index order, reading its row's
+   partials contiguously (tile-major partials put consecutive tiles N values apart: at N = 16 the
+   combine took ~47 us against ~8 us at one row in a round's profile on the H200). With `M` the overall
    maximum, `S = sum_t S_t e^(m_t - M)` and `T = sum_t e^(m_t - M) (T_t + (m_t - M) S_t)`; the
    top-1 probability is `1 / S` (its logit is M) and the entropy `log S - T / S` (nats).
 
@@ -76,7 +78,8 @@ def lm_head_partial_kernel(
     s = tl.sum(e, axis=1)
     # columns past V: e = 0 but l - m = -inf, so select before multiplying
     t = tl.sum(e * tl.where(col_ok[None, :], logit - m[:, None], 0.0), axis=1)
-    at = i_v * N + rows
+    # row-major partials [N, tiles]: the combine program of a row reads its tiles contiguously
+    at = rows * tl.num_programs(0) + i_v
     tl.store(max_ptr + at, m, mask=row_ok)
     tl.store(idx_ptr + at, i_v * BV + arg, mask=row_ok)
     tl.store(sum_ptr + at, s, mask=row_ok)
@@ -99,10 +102,10 @@ def lm_head_combine_kernel(
     for t0 in range(0, NT, BT):
         t = t0 + lanes
         ok = t < NT
-        m_t = tl.load(max_ptr + t * N + n, mask=ok, other=float("-inf"))
-        s_t = tl.load(sum_ptr + t * N + n, mask=ok, other=0.0)
-        d_t = tl.load(dot_ptr + t * N + n, mask=ok, other=0.0)
-        i_t = tl.load(idx_ptr + t * N + n, mask=ok, other=0)
+        m_t = tl.load(max_ptr + n * NT + t, mask=ok, other=float("-inf"))
+        s_t = tl.load(sum_ptr + n * NT + t, mask=ok, other=0.0)
+        d_t = tl.load(dot_ptr + n * NT + t, mask=ok, other=0.0)
+        i_t = tl.load(idx_ptr + n * NT + t, mask=ok, other=0)
         cm = tl.max(m_t, axis=0)
         # the first tile of this chunk that reaches its maximum holds the first such index
         first = tl.argmax(m_t, axis=0, tie_break_left=True)

@@ -56,11 +56,13 @@ class Runner:
     `benchmarks/bench_runner.py --no-fused-head` times it off). Sampling, warpers and a sharded
     head always score the logits. `compile_front`: compile the round's stages between the drafts and
     the verification (`hybridspec.round.round.front`: the length choice, Stage 0, the routing
-    correction) as one region (an AR runner has no front: ignored without a drafter). A round took
-    0.13-0.15 ms less with it on the H200 (`benchmarks/bench_runner.py` times the round both ways;
-    docs/benchmarks.md, "The compiled front"). Off by default: each runner then compiles its own
-    front when it is captured (seconds per runner, and a runner is built per policy, sampler and
-    capacity), and the GPU suite has not yet passed with it on throughout.
+    correction) as one region (an AR runner has no front: ignored without a drafter). On the H200 a
+    round took 0.13-0.15 ms less with it under fixed lengths and the uncalibrated policy
+    (`benchmarks/bench_runner.py` times the round both ways) and 0.26 ms less in calibration's
+    rounds, whose policy adds the routing correction (docs/benchmarks.md, "The compiled front").
+    Off by default: each runner then compiles its own front when it is captured (seconds per
+    runner, and a runner is built per policy, sampler and capacity), and the GPU suite has not yet
+    run with it on throughout.
 
     `dispatch="cond"` (needs a drafter) verifies each round's w rows in per-length `torch.cond`
     branches (`hybridspec/round/cond.py`) instead of the default fixed 16-row graph. Such a step
