@@ -368,8 +368,8 @@ def replay_runner(model, drafter, continuation, policy, capacity: int, compile_f
 
 def round_kernels(model, drafter, prompt, continuation, w: int, compile_front: bool, top: int = 30) -> dict:
     """Every kernel of one whole speculative round at verification length `w` (replay drafter,
-    simulated acceptance; compiled layers and front as the runner has them, launched eagerly so
-    torch.profiler sees each kernel): the count and the `top` kernels by GPU time. The split times
+    simulated acceptance; layers compiled with `COMPILE`, front compiled with `compile_front`,
+    launched eagerly so torch.profiler sees each kernel): the count and the `top` kernels by GPU time. The split times
     the components in graphs; this says what the rest of a round (commit, the drafter's context,
     accept, emit) launches."""
     runner = replay_runner(model, drafter, continuation, FixedPolicy("fixed", w), prompt.shape[1] + 64,
@@ -525,7 +525,8 @@ def main() -> None:
         result["round_kernels"] = {}
         for w in (1, W):
             k = result["round_kernels"][str(w)] = round_kernels(model, drafter, prompt, continuation, w, COMPILE)
-            print(f"one whole round at w = {w} (simulated acceptance, launched eagerly): {k['kernels_per_layer']:.0f} kernels")
+            print(f"one whole round at w = {w} (simulated acceptance, launched eagerly, front compiled with the "
+                  f"layers): {k['kernels_per_layer']:.0f} kernels")
             for t in k["top"]:
                 print(f"    {t['us_per_layer']:7.1f} us  x{t['launches_per_layer']:.0f}  {t['name']}")
         write_json(Path(args.out) / "runner.json", result)
