@@ -55,20 +55,13 @@ class ContextCache:
         v[:, :, :, : self.rows] = self.v
         self.k, self.v = k, v
 
-    def positions(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cache rows L..L+n-1 of every row `[B, n]`, and the matching scatter index into one
-        layer's cache `[B, KVH, n, d]` (what `observe`'s `write` takes; `propose` writes its block
-        by index_put and uses the rows alone)."""
-        pos = self.length[:, None] + torch.arange(n, device=self.length.device)
-        return pos, pos[:, None, :, None].expand(-1, self.k.shape[2], -1, self.k.shape[4])
+    def positions(self, n: int) -> torch.Tensor:
+        """Cache rows L..L+n-1 of every row `[B, n]` (`observe` and `propose` write there by index_put)."""
+        return self.length[:, None] + torch.arange(n, device=self.length.device)
 
     def rope_positions(self, rows: torch.Tensor) -> torch.Tensor:
         """RoPE positions of cache rows `[B, n]`: the row index less the row's left padding."""
         return rows - self.start[:, None]
-
-    def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer].scatter_(2, index, k)
-        self.v[layer].scatter_(2, index, v)
 
     def advance(self, written: int, num_commit: torch.Tensor | int) -> None:
         if isinstance(num_commit, torch.Tensor):

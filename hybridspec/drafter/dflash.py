@@ -18,8 +18,8 @@ position: `observe` writes rows at each batch row's length and advances it ("wri
 a layer without a sliding window through `hybridspec.ops.decode_attention` (rows start..L+W-1
 only, lengths read on the device), a sliding-window layer through SDPA over every row under a
 validity mask. No shape depends on a length and nothing reads one on the host. `compile_layers`
-switches `propose` to layer functions compiled once per layer kind (`LayerBlocks`); the runner
-turns it on where it compiles the target's layers.
+switches `propose`, and `observe` of a round's block of rows, to layer functions compiled once per
+layer kind (`LayerBlocks`); the runner turns it on where it compiles the target's layers.
 """
 
 from __future__ import annotations
@@ -215,8 +215,9 @@ class DFlashDrafter(nn.Module):
         fuse_layers(self.layers)
 
     def compile_layers(self, enabled: bool) -> None:
-        """`propose` runs its layers compiled with `torch.compile`, once per layer kind, or eagerly
-        (the default). The drafts are the same; the compiled form fuses each layer's elementwise work."""
+        """`propose` runs its layers, and `observe` of a block of `block_size` rows the context
+        keys/values, compiled with `torch.compile` once per layer kind, or eagerly (the default). The
+        drafts are the same; the compiled form fuses each layer's elementwise work."""
         self._blocks = compiled_once(LayerBlocks, layer_options()) if enabled else EAGER
 
     def static_buffers(self) -> list[torch.Tensor]:
@@ -239,11 +240,15 @@ class DFlashDrafter(nn.Module):
         if isinstance(num_commit, int) and not 0 <= num_commit <= n:
             raise ValueError(f"num_commit must be in 0..{n} (the rows given), got {num_commit}")
         cache.reserve(n)
-        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
-        pos, index = cache.positions(n)
-        cos, sin = self.rotary_emb(ctx, cache.rope_positions(pos))
+        pos = cache.positions(n)
+        # a round's block of rows runs the compiled blocks (one fixed shape); a prompt's rows (any
+        # count, once a request) run eagerly, so that no prompt length compiles a graph of its own
+        blocks = self._blocks if n == self.block_size else EAGER
+        ctx, cos, sin = blocks.context_inputs(self.fc, self.hidden_norm, self.rotary_emb, features,
+                                              cache.rope_positions(pos))
+        batch = torch.arange(features.shape[0], device=pos.device)[:, None]
         for i, layer in enumerate(self.layers):
-            cache.write(i, index, *layer.self_attn.context_kv(ctx, cos, sin))
+            blocks.context(layer.self_attn, ctx, cos, sin, cache.k[i], cache.v[i], batch, pos)
         cache.advance(n, num_commit)
 
     @torch.no_grad()
@@ -256,7 +261,7 @@ class DFlashDrafter(nn.Module):
         cache.reserve(W)
         masked = anchor.new_full((B, W - 1), self.mask_token_id)
         noise = self.embed(torch.cat([anchor[:, None], masked], dim=1))  # [B, W, H]
-        pos, _ = cache.positions(W)
+        pos = cache.positions(W)
         cos, sin = self.rotary_emb(noise, cache.rope_positions(pos))
         block = CacheBlock(torch.arange(B, device=pos.device)[:, None], pos, cache.length, cache.start)
         # masks only for the sliding-window layers (the others' decode_attention reads the lengths):

@@ -78,10 +78,16 @@ class DFlashAttention(nn.Module):
     def _heads(self, x, proj, n):
         return proj(x).view(*x.shape[:2], n, self.head_dim)  # [B, T, n, d]
 
-    def context_kv(self, ctx, cos, sin):
-        """Keys (normed, rotated) and values `[B, KVH, C, d]` of context features `ctx` `[B, C, H]`."""
-        k = self.k_norm(self._heads(ctx, self.k_proj, self.num_kv_heads)).transpose(1, 2)
-        v = self._heads(ctx, self.v_proj, self.num_kv_heads).transpose(1, 2)
+    def context_kv(self, ctx, cos, sin, fused: bool = False):
+        """Keys (normed, rotated) and values `[B, KVH, C, d]` of context features `ctx` `[B, C, H]`.
+        `fused` (drafting only, as in `forward`): the k and v projections as one GEMM over their rows
+        of the fused q/k/v weight where the drafter fused it; the training forward runs the linears,
+        whose parameters are what autograd sees."""
+        kv = project(self, "qkv", (self.q_proj, self.k_proj, self.v_proj), ctx, skip=1) if fused else None
+        k, v = kv or (self.k_proj(ctx), self.v_proj(ctx))
+        shape = (*ctx.shape[:2], self.num_kv_heads, self.head_dim)
+        k = self.k_norm(k.view(shape)).transpose(1, 2)
+        v = v.view(shape).transpose(1, 2)
         return k * cos[:, None] + rotate_half(k) * sin[:, None], v
 
     def forward(self, x, cos, sin, mask, past, block: CacheBlock | None = None):
@@ -165,12 +171,33 @@ def sliding_block(layer: DFlashDecoderLayer, h, cos, sin, mask, keys, values, bl
     return layer(h, cos, sin, mask, (keys, values), block)
 
 
+def context_inputs(fc: nn.Linear, norm: Qwen3RMSNorm, rotary: nn.Module, features, positions):
+    """What every layer's context keys/values start from: the target's tap features `[B, n, taps * H]`
+    through `fc` and `norm` (`ctx` `[B, n, H]`), and the RoPE `cos`/`sin` at `positions` `[B, n]`."""
+    ctx = norm(fc(features.to(fc.weight.dtype)))
+    cos, sin = rotary(ctx, positions)
+    return ctx, cos, sin
+
+
+def context_block(attn: DFlashAttention, ctx, cos, sin, keys, values, batch, rows) -> None:
+    """One layer's context keys and values (`DFlashAttention.context_kv`, k and v one GEMM) written
+    into its cache `keys`/`values` `[B, KVH, rows, d]` at cache rows `rows` `[B, n]` (`batch` `[B, 1]`:
+    0..B-1): an index_put, which inductor fuses with the norm and RoPE and writes in place."""
+    k, v = attn.context_kv(ctx, cos, sin, fused=True)
+    keys[batch, :, rows] = k.transpose(1, 2)  # [B, n, KVH, d]
+    values[batch, :, rows] = v.transpose(1, 2)
+
+
 class LayerBlocks(NamedTuple):
-    """The per-layer functions `DFlashDrafter.propose` calls: eager (`EAGER`), or compiled once per
-    layer kind (`compiled_once(LayerBlocks, layer_options())`). They take the layer module and tensors only, so every
-    layer of a kind shares one compiled graph (its parameters are graph inputs)."""
+    """The per-layer functions `DFlashDrafter.propose` and `observe` call: eager (`EAGER`), or compiled
+    once per layer kind (`compiled_once(LayerBlocks, layer_options())`). They take modules and tensors
+    only, so every layer of a kind shares one compiled graph (its parameters are graph inputs).
+    `context_inputs` and `context` are `observe`'s: eagerly about 20 small kernels a layer (two
+    projections, the k norm, RoPE, two scatters) in every round's commit."""
 
     full: object = full_block
     sliding: object = sliding_block
+    context_inputs: object = context_inputs
+    context: object = context_block
 
 EAGER = LayerBlocks()
