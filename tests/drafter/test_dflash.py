@@ -184,19 +184,36 @@ def _draft_rounds(drafter, seed: int, rounds: int, after_reset=None) -> list:
 
 def test_compiled_layers_draft_what_the_eager_ones_do():
     """`compile_layers(True)` (what the runner turns on where it compiles the target): rounds of
-    both layer kinds, left padding and per-row lengths draft the same tokens as eager layers."""
+    both layer kinds, left padding and per-row lengths draft the same tokens as eager layers, and
+    `observe` of each round's 16 rows, on the compiled context blocks, fills the context cache as
+    the eager one does (the prompt's 20 rows stay eager)."""
     drafter = random_drafter(config(**SLIDING)).bind(qwen35_causal_lm())
     assert isinstance(drafter, CompilableDrafter)
+    observed = []
 
     def rounds(compiled):
         drafter.compile_layers(compiled)
-        return _draft_rounds(drafter, seed=4, rounds=3)
+        if compiled:
+            blocks = drafter._blocks
+            assert blocks.context is not layers.context_block
 
-    eager = rounds(False)
+            def counted(*args):
+                observed.append(args[-1].shape[1])
+                return blocks.context(*args)
+
+            drafter._blocks = blocks._replace(context=counted)
+        blocks = _draft_rounds(drafter, seed=4, rounds=3)
+        return blocks, drafter.context.k.clone(), drafter.context.v.clone()
+
+    eager, eager_k, eager_v = rounds(False)
     try:
-        compiled = rounds(True)
+        compiled, k, v = rounds(True)
     finally:
         drafter.compile_layers(False)
+    # three rounds of 16 rows through the compiled block, one call a layer
+    assert observed == [16] * (3 * len(drafter.layers))
+    assert_rel(k, eager_k, TOL, "context keys")
+    assert_rel(v, eager_v, TOL, "context values")
     for e, c in zip(eager, compiled):
         assert torch.equal(e.tokens, c.tokens)
         # fusion reorders the fp32 arithmetic
