@@ -75,9 +75,6 @@ class DFlashAttention(nn.Module):
         self.q_norm = Qwen3RMSNorm(d, eps=config.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(d, eps=config.rms_norm_eps)
 
-    def _heads(self, x, proj, n):
-        return proj(x).view(*x.shape[:2], n, self.head_dim)  # [B, T, n, d]
-
     def context_kv(self, ctx, cos, sin, fused: bool = False):
         """Keys (normed, rotated) and values `[B, KVH, C, d]` of context features `ctx` `[B, C, H]`.
         `fused` (drafting only, as in `forward`): the k and v projections as one GEMM over their rows

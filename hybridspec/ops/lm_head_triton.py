@@ -7,8 +7,8 @@ the weight, without the `[N, V]` logits.
    row the tile's maximum, the first index reaching it, `S = sum exp(l - max)` and
    `T = sum exp(l - max) (l - max)`, row-major `[N, tiles]`.
 2. `lm_head_combine_kernel`, grid (N,): merges the tiles in index order, reading its row's
-   partials contiguously (tile-major partials put consecutive tiles N values apart: at N = 16 the
-   combine took ~47 us against ~8 us at one row in a round's profile on the H200). With `M` the overall
+   partials contiguously (tile-major partials put consecutive tiles N values apart; row-major took
+   3-4 us off a call at 15-60 rows on the H200, docs/benchmarks.md). With `M` the overall
    maximum, `S = sum_t S_t e^(m_t - M)` and `T = sum_t e^(m_t - M) (T_t + (m_t - M) S_t)`; the
    top-1 probability is `1 / S` (its logit is M) and the entropy `log S - T / S` (nats).
 
