@@ -205,11 +205,16 @@ def test_compiled_layers_draft_what_the_eager_ones_do():
         blocks = _draft_rounds(drafter, seed=4, rounds=3)
         return blocks, drafter.context.k.clone(), drafter.context.v.clone()
 
+    from torch._dynamo.utils import counters
+
     eager, eager_k, eager_v = rounds(False)
+    counters.clear()
     try:
         compiled, k, v = rounds(True)
     finally:
         drafter.compile_layers(False)
+    # each block one graph: a break would split a layer into eager pieces
+    assert not counters["graph_break"], dict(counters["graph_break"])
     # three rounds of 16 rows through the compiled block, one call a layer
     assert observed == [16] * (3 * len(drafter.layers))
     assert_rel(k, eager_k, TOL, "context keys")
