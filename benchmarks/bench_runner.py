@@ -15,12 +15,13 @@ Side by side in one run:
    C(w) minus the target's parts (norms, residuals, embedding). Beside them, the drafter's round
    alone (its `propose` over the prompt's context: 16-position block, layers, fused LM-head top-1),
    which every speculative round adds to C(w), and Stage 0 (embedding, Layer-0 GDN and router over
-   the 16 rows), as the round runs it (uncompiled) and compiled. Per component, the kernels per
+   the 16 rows), as the round runs it (Layer 0 on the compiled `Blocks.layer0`, the embedding eager)
+   and compiled whole, as the compiled front runs it. Per component, the kernels per
    layer at w = 1 and the costliest kernels (torch.profiler over one eager call of the compiled
    functions). Then the whole round at w = 1, 4, 8, 16 (the runner's captured round, replay
    drafter, fixed length) beside C(w) and the drafter: the rest is what a round adds to a compiled
-   verification from the embedding (C(w), Layer 0 included) and the drafter: Stage 0 run eagerly,
-   the length choice, correction, accept, commit and host time; and
+   verification from the embedding (C(w), Layer 0 included) and the drafter: Stage 0, the length
+   choice, correction, accept, commit and host time; and
    the same round with its front (length choice, Stage 0, correction) compiled as one region
    (`Runner(compile_front=True)`, the default where the layers are compiled, as here).
 4. Host time per round of speculative decoding on the runner (CPU time between replays, not
@@ -219,8 +220,9 @@ def component_split(model, drafter, prompt):
     # the drafter's context holds the prompt; `propose` writes its block past it and advances nothing
     drafter.reset(1, runner.rows)
     drafter.observe(feats, prompt.shape[1])
-    # the drafter's layers as the runner runs them (compiled per layer kind)
+    # the drafter's layers as the runner runs them (compiled per layer kind), and the target's blocks
     drafter.compile_layers(COMPILE)
+    blocks = compiled_once(Blocks, layer_options()) if COMPILE else EAGER
     anchor = prompt[:, -1:].clone()
     text = model.model
     layers = text.layers
@@ -269,9 +271,9 @@ def component_split(model, drafter, prompt):
         drafter.propose(anchor)
 
     def stage0_as_run():
-        # what `stages.route_layer0` runs in a two-stage round: all W rows, uncompiled
+        # what `stages.route_layer0` runs in a two-stage round: all W rows, Layer 0 on the blocks
         state.num_tokens = None
-        stage0(family, model, tokens, state)
+        stage0(family, model, tokens, state, blocks)
 
     parts = [("gdn", gdn), ("attention", attention), ("moe", moe), ("lm_head_accept", head_accept), ("drafter", draft),
              ("stage0", stage0_as_run)]
@@ -407,8 +409,8 @@ def round_table(rounds: dict, compiled_front: dict, fixed_at: dict, split: dict)
     """`round_costs`' two runs beside C(w) (`fixed_at`, by int w) and the split's drafter and Stage 0
     (`split`, by int w): per key, the round's ms and mean w, the compiled front's ms (None where it
     was not measured) and, at a fixed length, `rest_ms` = round - C(w) - drafter (what the round adds
-    to a compiled verification from the embedding: Stage 0 run eagerly, the length choice,
-    correction, accept, commit, host)."""
+    to a compiled verification from the embedding: Stage 0, the length choice, correction, accept,
+    commit, host)."""
     table = {}
     for name, r in rounds.items():
         row = dict(round_ms=r["ms"], mean_w=r["mean_w"], round_compiled_front_ms=compiled_front[name]["ms"])
@@ -568,8 +570,8 @@ def main() -> None:
     result["rounds"] = round_table(rounds, compiled_front, fixed_at, split)
     print("the whole round (replay drafter, simulated acceptance, plain greedy: the fused head) at a fixed length "
           "and under the built-in HybridSpec policy, against its parts; rest = round - C(w) - drafter: what the round "
-          "adds to a compiled verification from the embedding and the drafter (Stage 0 run eagerly where C(w) runs "
-          "Layer 0 compiled, the length choice, correction, accept, commit, host); last column: the round with its "
+          "adds to a compiled verification from the embedding and the drafter (Stage 0, which runs Layer 0 again, "
+          "the length choice, correction, accept, commit, host); last column: the round with its "
           "front (length choice, Stage 0, correction) compiled")
     columns = ("mean_w", "round_ms", "c_ms", "drafter_ms", "rest_ms", "stage0_ms", "stage0_compiled_ms",
                "round_compiled_front_ms")

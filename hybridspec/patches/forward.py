@@ -113,19 +113,16 @@ def verify_forward(family, model, input_ids: torch.Tensor, state: HybridState, t
     return _layers(family, model, h, 0, state, taps, routing, blocks=blocks or EAGER)
 
 
-def stage0(family, model, input_ids: torch.Tensor, state: HybridState) -> Stage0:
+def stage0(family, model, input_ids: torch.Tensor, state: HybridState, blocks: Blocks | None = None) -> Stage0:
     """Embedding, Layer-0 GDN and the Layer-0 router for u tokens, stopping before any routed
     expert. Layer 0's factors and conv inputs for the u tokens are written; since the first m of
-    them depend only on the first m tokens, Stage 1 may keep any w <= u of them."""
+    them depend only on the first m tokens, Stage 1 may keep any w <= u of them. `blocks`: Layer 0
+    as `Blocks.layer0` (compiled where the runner compiles the layers), eager by default."""
     _check_length(input_ids)
     text = family.text_model(model)
-    layer = text.layers[0]
     h = parallel.embedding(text.embed_tokens, input_ids)
     slot = state.gdn(0, input_ids.shape[1])
-    h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), slot, state.num_tokens)
-    y = layer.post_attention_layernorm(h)
-    ids, weights = route(family, layer.mlp, y)
-    return Stage0(h, y, ids, weights)
+    return Stage0(*(blocks or EAGER).layer0(family, text.layers[0], h, slot, state.num_tokens))
 
 
 def stage1(family, model, kept: Stage0, w: int, state: HybridState, taps: tuple[int, ...] = (),
@@ -162,13 +159,27 @@ def attention_block(family, layer, h: torch.Tensor, cos_sin, keys, values, lengt
     return h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
 
 
+def layer0_block(family, layer, h: torch.Tensor, slot: GDNSlot, num_tokens):
+    """Stage 0's part of Layer 0 on the embedded rows: the GDN mixer with its residual, the MoE
+    block's input norm and its router, stopping before any routed expert. Returns (residual, MoE
+    input, expert ids, expert weights), `Stage0`'s fields."""
+    h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), slot, num_tokens)
+    y = layer.post_attention_layernorm(h)
+    ids, weights = route(family, layer.mlp, y)
+    return h, y, ids, weights
+
+
 class Blocks(NamedTuple):
-    """The per-layer functions `_layers` calls: eager (`EAGER`), or compiled once per layer kind
-    (`compiled_once(Blocks, layer_options())`: every layer of a kind shares one compiled graph, regional
-    compilation, parameters are graph inputs)."""
+    """The per-layer functions `_layers` and `stage0` call: eager (`EAGER`), or compiled once per
+    layer kind (`compiled_once(Blocks, layer_options())`: every layer of a kind shares one compiled
+    graph, regional compilation, parameters are graph inputs). `layer0` is Stage 0's Layer 0: eagerly
+    about 50 small kernels a round (the norms, the conv and gates around the verify kernel, the
+    router's cast); the whole of Stage 0 compiled took 0.06 against 0.19 ms on the H200
+    (docs/benchmarks.md, "The compiled front"; this form, with the embedding eager, is not yet timed)."""
 
     gdn: object = gdn_block
     attention: object = attention_block
+    layer0: object = layer0_block
 
 EAGER = Blocks()
 

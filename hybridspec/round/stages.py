@@ -40,7 +40,7 @@ def route_layer0(target: Target, tokens: torch.Tensor, state: HybridState) -> St
     if not target.split:
         return None
     state.num_tokens = None
-    return stage0(target.family, target.model, tokens, state)
+    return stage0(target.family, target.model, tokens, state, target.blocks)
 
 
 def correct(correction: Correction | None, selection: Selection, kept: Stage0 | None, cap: torch.Tensor,

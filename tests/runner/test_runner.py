@@ -309,6 +309,44 @@ def test_the_compiled_front_gives_the_eager_rounds(pair):
     assert Runner(model, replay, policy, capacity=64).round.front is front
 
 
+def test_compiled_layers_run_stage0_compiled(pair):
+    """Where the runner compiles the layers, Stage 0 runs Layer 0 through the compiled
+    `Blocks.layer0` (inductor's CPU code here), eagerly or inside the compiled front, with no graph
+    break: the rounds, lengths and tokens of the eager runner, under the calibrated policy."""
+    from torch._dynamo.utils import counters
+
+    from hybridspec.patches.forward import layer0_block
+    from hybridspec.policy import from_calibration
+
+    model, drafter = pair
+    prompt, ref = reference(model, 9)
+    drafter.bind(model)
+    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:], vocab_size=VOCAB)
+    policy = from_calibration("hybridspec", synthetic_calibration(model, replay), 128)
+    runs = []
+    for compiled, front in ((False, False), (True, False), (True, True)):
+        runner = Runner(model, replay, policy, capacity=64, compile=compiled, compile_front=front)
+        blocks = runner.target.blocks
+        assert (blocks.layer0 is layer0_block) != compiled
+        calls = []
+
+        def layer0(*args, blocks=blocks, calls=calls):
+            calls.append(args[2].shape[1])
+            return blocks.layer0(*args)
+
+        runner.target.blocks = blocks._replace(layer0=layer0)
+        counters.clear()
+        torch.manual_seed(9)
+        runs.append(runner.generate(prompt, MAX_NEW))
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        # every round ran Stage 0 over the whole block, through the blocks' layer0
+        assert calls and set(calls) == {runner.width}
+    (eager, eager_stats), *compiled_runs = runs
+    assert torch.equal(eager, ref)
+    for out, stats in compiled_runs:
+        assert torch.equal(out, ref) and stats == eager_stats
+
+
 def test_every_runner_compiles_its_own_front(pair):
     """Dynamo counts recompiles per code object, and with fullgraph the ninth fails: runners of
     other policies (each a recompile of a shared `front`) would fail from the ninth on. Each round
