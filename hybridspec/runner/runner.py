@@ -59,8 +59,8 @@ class Runner:
     correction) as one region (an AR runner has no front: ignored without a drafter). On the H200 a
     round took 0.13-0.15 ms less with it under fixed lengths and the uncalibrated policy
     (`benchmarks/bench_runner.py` times the round both ways) and 0.26 ms less in calibration's
-    rounds, whose policy adds the routing correction (docs/benchmarks.md, "The compiled front").
-    Off by default: each runner then compiles its own front when it is captured (seconds per
+    rounds, whose policy adds the routing correction (docs/benchmarks.md, "The compiled front"),
+    both measured before Stage 0's Layer 0 ran on the compiled layer blocks. Off by default: each runner then compiles its own front when it is captured (seconds per
     runner, and a runner is built per policy, sampler and capacity), and the GPU suite has not yet
     run with it on throughout.
 
