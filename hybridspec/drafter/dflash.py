@@ -262,14 +262,15 @@ class DFlashDrafter(nn.Module):
         masked = anchor.new_full((B, W - 1), self.mask_token_id)
         noise = self.embed(torch.cat([anchor[:, None], masked], dim=1))  # [B, W, H]
         pos = cache.positions(W)
-        cos, sin = self.rotary_emb(noise, cache.rope_positions(pos))
+        blocks = self._blocks
+        cos, sin = blocks.rope(self.rotary_emb, noise, cache.rope_positions(pos))
         block = CacheBlock(torch.arange(B, device=pos.device)[:, None], pos, cache.length, cache.start)
         # masks only for the sliding-window layers (the others' decode_attention reads the lengths):
         # the block's own keys are written at rows L..L+W-1, so every row below L + W is live; rows
         # before `start` hold a left-padded row's padding
         keys = torch.arange(cache.rows, device=pos.device)[None]
         masks = self._masks(pos, keys, cache.length + W, cache.start, sliding_only=True)
-        h, blocks = noise, self._blocks
+        h = noise
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             if attn.sliding_window is None:
@@ -277,7 +278,7 @@ class DFlashDrafter(nn.Module):
             else:
                 mask = masks[attn.is_causal, attn.sliding_window]
                 h = blocks.sliding(layer, h, cos, sin, mask, cache.k[i], cache.v[i], block)
-        return self.top1(self.norm(h)[:, 1:])
+        return self.top1(blocks.head_input(self.norm, h))
 
     def top1(self, hidden: torch.Tensor) -> DraftBlock:
         """Drafts from drafter hidden states `[B, D, H]`: the argmax of `compute_logits`, its fp32

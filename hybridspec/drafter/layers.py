@@ -168,6 +168,18 @@ def sliding_block(layer: DFlashDecoderLayer, h, cos, sin, mask, keys, values, bl
     return layer(h, cos, sin, mask, (keys, values), block)
 
 
+def block_rope(rotary: nn.Module, x, positions):
+    """`propose`'s RoPE `cos`/`sin` `[B, W, d]` at the block's `positions` `[B, W]` (`x` gives dtype and
+    device): eagerly about ten small kernels a round."""
+    return rotary(x, positions)
+
+
+def head_input(norm: Qwen3RMSNorm, h):
+    """The drafts' head input: the final norm of a block's hidden states `[B, W, H]`, less the
+    anchor's row."""
+    return norm(h)[:, 1:]
+
+
 def context_inputs(fc: nn.Linear, norm: Qwen3RMSNorm, rotary: nn.Module, features, positions):
     """What every layer's context keys/values start from: the target's tap features `[B, n, taps * H]`
     through `fc` and `norm` (`ctx` `[B, n, H]`), and the RoPE `cos`/`sin` at `positions` `[B, n]`."""
@@ -189,11 +201,14 @@ class LayerBlocks(NamedTuple):
     """The per-layer functions `DFlashDrafter.propose` and `observe` call: eager (`EAGER`), or compiled
     once per layer kind (`compiled_once(LayerBlocks, layer_options())`). They take modules and tensors
     only, so every layer of a kind shares one compiled graph (its parameters are graph inputs).
-    `context_inputs` and `context` are `observe`'s: eagerly about 20 small kernels a layer (two
-    projections, the k norm, RoPE, two scatters) in every round's commit."""
+    `rope` and `head_input` are `propose`'s around the layers; `context_inputs` and `context` are
+    `observe`'s: eagerly about 20 small kernels a layer (two projections, the k norm, RoPE, two
+    scatters) in every round's commit."""
 
     full: object = full_block
     sliding: object = sliding_block
+    rope: object = block_rope
+    head_input: object = head_input
     context_inputs: object = context_inputs
     context: object = context_block
 
