@@ -169,10 +169,22 @@ def layer0_block(family, layer, h: torch.Tensor, slot: GDNSlot, num_tokens):
     return h, y, ids, weights
 
 
+def rope_block(family, model, h: torch.Tensor, positions: torch.Tensor):
+    """cos/sin of the verified rows' positions `[B, w]` (`family.rope`): eagerly about a dozen small
+    kernels a step."""
+    return family.rope(model, h, positions)
+
+
+def norm_block(norm, h: torch.Tensor) -> torch.Tensor:
+    """The final norm of the verified rows (eagerly about seven small kernels a step)."""
+    return norm(h)
+
+
 class Blocks(NamedTuple):
     """The per-layer functions `_layers` and `stage0` call: eager (`EAGER`), or compiled once per
     layer kind (`compiled_once(Blocks, layer_options())`: every layer of a kind shares one compiled
-    graph, regional compilation, parameters are graph inputs). `layer0` is Stage 0's Layer 0: eagerly
+    graph, regional compilation, parameters are graph inputs). `rope` and `norm` are the stack's
+    RoPE and final norm around the layers. `layer0` is Stage 0's Layer 0: eagerly
     about 50 small kernels a round (the norms, the conv and gates around the verify kernel, the
     router's cast); the whole of Stage 0 compiled took 0.06 against 0.19 ms on the H200
     (docs/benchmarks.md, "The compiled front"; this form, with the embedding eager, is not yet timed)."""
@@ -180,6 +192,8 @@ class Blocks(NamedTuple):
     gdn: object = gdn_block
     attention: object = attention_block
     layer0: object = layer0_block
+    rope: object = rope_block
+    norm: object = norm_block
 
 EAGER = Blocks()
 
@@ -192,7 +206,7 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
     text = family.text_model(model)
     # transformers' position of cache index j in a left-padded row is j - pad
     positions = (state.length - state.pad)[:, None] + torch.arange(w, device=h.device)  # [B, w]
-    cos_sin = family.rope(model, h, positions)
+    cos_sin = blocks.rope(family, model, h, positions)
     tapped = dict(tapped or {})
     for i in range(start, len(text.layers)):
         layer = text.layers[i]
@@ -205,7 +219,7 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
         if i in taps:
             tapped[i] = h
     state.written = w
-    out = text.norm(h)
+    out = blocks.norm(text.norm, h)
     # transformers' last `hidden_states` entry, which the prefill taps, is the final-normed output:
     # a drafter tapping the last layer reads the same there and in every round
     last = len(text.layers) - 1

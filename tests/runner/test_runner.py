@@ -309,13 +309,14 @@ def test_the_compiled_front_gives_the_eager_rounds(pair):
     assert Runner(model, replay, policy, capacity=64).round.front is front
 
 
-def test_compiled_layers_run_stage0_compiled(pair):
+def test_compiled_blocks_run_stage0_rope_and_final_norm(pair):
     """Where the runner compiles the layers, Stage 0 runs Layer 0 through the compiled
-    `Blocks.layer0` (inductor's CPU code here), eagerly or inside the compiled front, with no graph
-    break: the rounds, lengths and tokens of the eager runner, under the calibrated policy."""
+    `Blocks.layer0` (inductor's CPU code here), eagerly or inside the compiled front, and the stack's
+    RoPE and final norm through `Blocks.rope` and `Blocks.norm`, with no graph break: the rounds,
+    lengths and tokens of the eager runner under the calibrated policy, and the AR runner's tokens."""
     from torch._dynamo.utils import counters
 
-    from hybridspec.patches.forward import layer0_block
+    from hybridspec.patches.forward import EAGER, layer0_block
     from hybridspec.policy import from_calibration
 
     model, drafter = pair
@@ -345,6 +346,11 @@ def test_compiled_layers_run_stage0_compiled(pair):
     assert torch.equal(eager, ref)
     for out, stats in compiled_runs:
         assert torch.equal(out, ref) and stats == eager_stats
+    counters.clear()
+    ar = Runner(model, capacity=64, compile=True)
+    assert ar.target.blocks.rope is not EAGER.rope and ar.target.blocks.norm is not EAGER.norm
+    out, _ = ar.generate(prompt, MAX_NEW)
+    assert torch.equal(out, ref) and not counters["graph_break"]
 
 
 def test_every_runner_compiles_its_own_front(pair):
