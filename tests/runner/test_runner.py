@@ -280,18 +280,25 @@ def test_the_fused_head_gives_the_logits_argmax(pair, drafting, monkeypatch):
         assert not sampled.round.fused_head
 
 
+def calibrated_replay(pair, seed: int):
+    """(model, prompt, target-only reference, replay drafter over it, the calibrated HybridSpec
+    policy with its routing correction) for a test of the runner's compiled parts."""
+    from hybridspec.policy import from_calibration
+
+    model, drafter = pair
+    prompt, ref = reference(model, seed)
+    drafter.bind(model)
+    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:], vocab_size=VOCAB)
+    return model, prompt, ref, replay, from_calibration("hybridspec", synthetic_calibration(model, replay), 128)
+
+
 def test_the_compiled_front_gives_the_eager_rounds(pair):
     """`Runner(compile_front=True)`: the length choice, Stage 0 and the routing correction compiled
     as one region (inductor's CPU code here; the GPU test replays it captured) give the eager
     runner's rounds, lengths and tokens, under the calibrated policy with its correction."""
-    from hybridspec.policy import from_calibration
     from hybridspec.round.round import front
 
-    model, drafter = pair
-    prompt, ref = reference(model, 7)
-    drafter.bind(model)
-    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:], vocab_size=VOCAB)
-    policy = from_calibration("hybridspec", synthetic_calibration(model, replay), 128)
+    model, prompt, ref, replay, policy = calibrated_replay(pair, 7)
     runs = []
     for compiled in (False, True):
         runner = Runner(model, replay, policy, capacity=64, compile_front=compiled)
@@ -317,13 +324,8 @@ def test_compiled_blocks_run_stage0_rope_and_final_norm(pair):
     from torch._dynamo.utils import counters
 
     from hybridspec.patches.forward import EAGER, layer0_block
-    from hybridspec.policy import from_calibration
 
-    model, drafter = pair
-    prompt, ref = reference(model, 9)
-    drafter.bind(model)
-    replay = DeviceReplayDrafter(drafter, ref[0, prompt.shape[1]:], vocab_size=VOCAB)
-    policy = from_calibration("hybridspec", synthetic_calibration(model, replay), 128)
+    model, prompt, ref, replay, policy = calibrated_replay(pair, 9)
     runs = []
     for compiled, front in ((False, False), (True, False), (True, True)):
         runner = Runner(model, replay, policy, capacity=64, compile=compiled, compile_front=front)
