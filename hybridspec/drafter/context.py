@@ -27,6 +27,8 @@ class ContextCache:
         self.v = torch.zeros_like(self.k)
         self.length = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         self.start = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] first valid row
+        # the batch index of an index_put into the cache, made once (not a kernel every round)
+        self.batch = torch.arange(batch_size, device=device)[:, None]  # [B, 1]
         self.limit: int | None = None
         self.bound = 0
 

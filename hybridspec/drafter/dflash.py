@@ -225,7 +225,7 @@ class DFlashDrafter(nn.Module):
         cache = self._context()
         # `start` too: the padding mask and the RoPE positions of a captured round read it; and the
         # weights and buffers (the fused weights among them): one replaced between calls moves
-        return [cache.k, cache.v, cache.length, cache.start, *self.parameters(), *self.buffers()]
+        return [cache.k, cache.v, cache.length, cache.start, cache.batch, *self.parameters(), *self.buffers()]
 
     def start(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
         """New context holding every prompt position (`reset`, then `observe` of the whole prompt)."""
@@ -246,9 +246,8 @@ class DFlashDrafter(nn.Module):
         blocks = self._blocks if n == self.block_size else EAGER
         ctx, cos, sin = blocks.context_inputs(self.fc, self.hidden_norm, self.rotary_emb, features,
                                               cache.rope_positions(pos))
-        batch = torch.arange(features.shape[0], device=pos.device)[:, None]
         for i, layer in enumerate(self.layers):
-            blocks.context(layer.self_attn, ctx, cos, sin, cache.k[i], cache.v[i], batch, pos)
+            blocks.context(layer.self_attn, ctx, cos, sin, cache.k[i], cache.v[i], cache.batch, pos)
         cache.advance(n, num_commit)
 
     @torch.no_grad()
@@ -264,7 +263,7 @@ class DFlashDrafter(nn.Module):
         pos = cache.positions(W)
         blocks = self._blocks
         cos, sin = blocks.rope(self.rotary_emb, noise, cache.rope_positions(pos))
-        block = CacheBlock(torch.arange(B, device=pos.device)[:, None], pos, cache.length, cache.start)
+        block = CacheBlock(cache.batch, pos, cache.length, cache.start)
         # masks only for the sliding-window layers (the others' decode_attention reads the lengths):
         # the block's own keys are written at rows L..L+W-1, so every row below L + W is live; rows
         # before `start` hold a left-padded row's padding

@@ -72,8 +72,9 @@ class Sampler:
 
 def fused_head_applies(sampler: Sampler, target: Target) -> bool:
     """Whether an AR step may take its argmax from the fused head (`stages.top1_accept`): a plain
-    greedy sampler, whose rule reads nothing but each position's argmax, on a plain, unsharded head."""
-    return sampler.plain_greedy and target.plain_head
+    greedy sampler, whose rule reads nothing but each position's argmax, on a plain, unsharded head
+    (a round's `round_top1_rule` gives greedy's own)."""
+    return round_top1_rule(sampler, target) is greedy_accept_tokens
 
 
 def round_top1_rule(sampler: Sampler, target: Target):

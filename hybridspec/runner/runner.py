@@ -60,9 +60,9 @@ class Runner:
     round took 0.13-0.15 ms less with it under fixed lengths and the uncalibrated policy
     (`benchmarks/bench_runner.py` times the round both ways) and 0.26 ms less in calibration's
     rounds, whose policy adds the routing correction (docs/benchmarks.md, "The compiled front"),
-    both measured before Stage 0's Layer 0 ran on the compiled layer blocks. Off by default: each runner then compiles its own front when it is captured (seconds per
-    runner, and a runner is built per policy, sampler and capacity), and the GPU suite has not yet
-    run with it on throughout.
+    both measured before Stage 0's Layer 0 ran on the compiled layer blocks. Off by default: each
+    runner then compiles its own front when it is captured (seconds per runner, and a runner is
+    built per policy, sampler and capacity), and the GPU suite has not yet run with it on throughout.
 
     `dispatch="cond"` (needs a drafter) verifies each round's w rows in per-length `torch.cond`
     branches (`hybridspec/round/cond.py`) instead of the default fixed 16-row graph. Such a step
