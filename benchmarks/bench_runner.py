@@ -23,7 +23,7 @@ Side by side in one run:
    verification from the embedding (C(w), Layer 0 included) and the drafter: Stage 0, the length
    choice, correction, accept, commit and host time; and
    the same round with its front (length choice, Stage 0, correction) compiled as one region
-   (`Runner(compile_front=True)`, the default where the layers are compiled, as here).
+   (`Runner(compile_front=True)`, off by default).
 4. Host time per round of speculative decoding on the runner (CPU time between replays, not
    waiting), with the replay drafter (simulated acceptance) at w = 16.
 
@@ -371,9 +371,9 @@ def replay_runner(model, drafter, continuation, policy, capacity: int, compile_f
 def round_kernels(model, drafter, prompt, continuation, w: int, compile_front: bool, top: int = 30) -> dict:
     """Every kernel of one whole speculative round at verification length `w` (replay drafter,
     simulated acceptance; layers compiled with `COMPILE`, front compiled with `compile_front`,
-    launched eagerly so torch.profiler sees each kernel): the count and the `top` kernels by GPU time. The split times
-    the components in graphs; this says what the rest of a round (commit, the drafter's context,
-    accept, emit) launches."""
+    launched eagerly so torch.profiler sees each kernel): the count and the `top` kernels by GPU
+    time. The split times the components in graphs; this says what the rest of a round (commit, the
+    drafter's context, accept, emit) launches."""
     runner = replay_runner(model, drafter, continuation, FixedPolicy("fixed", w), prompt.shape[1] + 64,
                            compile_front=compile_front, enforce_eager=True)
     runner.start(prompt)
