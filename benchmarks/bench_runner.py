@@ -12,7 +12,9 @@ Side by side in one run:
 3. Per-component split at w = 1, 4, 8, 16: the GDN mixers (30 layers), the attention mixers (10),
    the MoE blocks (40: router, routed experts, shared expert), each compiled and captured alone on
    real hidden states of the block, and the LM head + greedy accept over the 16 rows; "other" =
-   C(w) minus the target's parts (norms, residuals, embedding). Beside them, the drafter's round
+   C(w) minus the target's parts (norms, residuals, embedding); each part's time over its bytes
+   bound (`component_bytes`: its weights once, each distinct expert once, the GDN states and the
+   prompt's KV, at the measured copy bandwidth). Beside them, the drafter's round
    alone (its `propose` over the prompt's context: 16-position block, layers, fused LM-head top-1),
    which every speculative round adds to C(w), and Stage 0 (embedding, Layer-0 GDN and router over
    the 16 rows), as the round runs it (Layer 0 on the compiled `Blocks.layer0`, the embedding eager)
@@ -158,6 +160,64 @@ def bytes_bound(model, distinct_pairs: int, rows: int, bandwidth_gbs: float) -> 
     return total, total / (bandwidth_gbs * 1e9) * 1e3
 
 
+# the split's timed parts that read weights; `other` (the layer norms) is not timed on its own
+BOUND_PARTS = ("gdn", "attention", "moe", "lm_head_accept", "drafter")
+
+
+def _part_of(name: str) -> str:
+    """Which timed part reads target parameter `name` (the layer norms are `other`)."""
+    if ".linear_attn." in name:
+        return "gdn"
+    if ".self_attn." in name:
+        return "attention"
+    if ".mlp." in name:
+        return "moe"
+    if "lm_head" in name or name.endswith("model.norm.weight") or name.endswith("language_model.norm.weight"):
+        return "lm_head_accept"
+    return "other"
+
+
+def component_bytes(model, drafter, distinct_pairs: int, context: int) -> dict[str, int]:
+    """Bytes each part of the split must read at least, as `bytes_bound` counts them (each weight
+    once, each distinct (layer, expert) once, no embedding table): `gdn` its mixers' weights and
+    fp32 states; `attention` its mixers' weights and the `context` cached keys and values each layer
+    holds; `moe` every block's router, shared expert and gate, and `distinct_pairs` experts;
+    `lm_head_accept` the head and the final norm; `drafter` its own weights and the target's head,
+    which its top-1 reads (its context cache left out); `other` the layer norms. Without `drafter`
+    and at context 0 the parts add up to `bytes_bound`'s total."""
+    parts = dict.fromkeys((*BOUND_PARTS, "other"), 0)
+    per_expert = 0
+    for name, p in model.named_parameters():
+        size = p.numel() * p.element_size()
+        if ".experts." in name:
+            if ".layers.0." in name:
+                per_expert += p[0].numel() * p.element_size()
+        elif "embed_tokens" not in name:
+            parts[_part_of(name)] += size
+    cfg = model.config
+    parts["moe"] += distinct_pairs * per_expert
+    parts["drafter"] = parts["lm_head_accept"] + sum(p.numel() * p.element_size() for p in drafter.parameters())
+    gdn = sum(t == "linear_attention" for t in cfg.layer_types)
+    parts["gdn"] += gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    attn = sum(t == "full_attention" for t in cfg.layer_types)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    itemsize = model.lm_head.weight.element_size()
+    parts["attention"] += attn * context * cfg.num_key_value_heads * head_dim * 2 * itemsize
+    return parts
+
+
+def split_bounds(model, drafter, split: dict, distinct: dict, context: int, bandwidth_gbs: float) -> tuple[dict, list]:
+    """The split's bytes bounds: (per w as a string, each part's bound in ms and the distinct pairs;
+    table rows [w, distinct pairs, time / bound per part of `BOUND_PARTS`]), `split` and `distinct`
+    keyed by int w."""
+    bounds, rows = {}, []
+    for w, times in split.items():
+        ms = {k: b / (bandwidth_gbs * 1e9) * 1e3 for k, b in component_bytes(model, drafter, distinct[w], context).items()}
+        bounds[str(w)] = dict(ms, distinct_pairs=distinct[w])
+        rows.append([w, distinct[w], *(times[k] / ms[k] for k in BOUND_PARTS)])
+    return bounds, rows
+
+
 def verification_curve(model, drafter, prompt, bandwidth):
     """C(w) in the runner's 16-row graph and in exact-w graphs, distinct pairs, bytes bound."""
     family = family_of(model)
@@ -234,10 +294,13 @@ def component_split(model, drafter, prompt):
     for i, layer in enumerate(layers):
         hooks.append(layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: mixer_in.__setitem__(i, o)))
         hooks.append(layer.post_attention_layernorm.register_forward_hook(lambda m, a, o, i=i: moe_in.__setitem__(i, o)))
+    routing = []
     with torch.no_grad():
-        verify_forward(family, model, tokens, state, ())
+        verify_forward(family, model, tokens, state, (), routing)
     for h in hooks:
         h.remove()
+    # the MoE graphs' distinct (layer, expert) pairs at each w: their bytes bound
+    distinct = distinct_prefix_counts(torch.stack([r[0] for r in routing]), model.config.num_experts).sum(0).tolist()
     num = torch.full((1,), W, dtype=torch.long, device="cuda")
     positions = state.length + torch.arange(W, device="cuda")[None]
     cos_sin = family.rope(model, mixer_in[0], positions)
@@ -304,7 +367,7 @@ def component_split(model, drafter, prompt):
     if compile_error is not None:
         kernels["stage0_compiled"] = dict(error=compile_error)
     del runner, graphs
-    return out, kernels
+    return out, kernels, {w: distinct[w - 1] for w in SPLIT_AT}
 
 
 def round_costs(model, drafter, prompt, continuation, compile_front: bool, new: int = 64) -> dict:
@@ -544,8 +607,9 @@ def main() -> None:
     print(f"corr(C, distinct pairs) = {curve['r_distinct']:.4f}, {curve['ms_per_distinct_pair'] * 1e3:.2f} us per pair; "
           f"C(16) = {curve['c16_ms']:.3f} ms vs bytes bound {curve['c16_bound_ms']:.3f} ms ({curve['c16_over_bound']:.2f}x)")
 
-    split, kernels = component_split(model, drafter, prompt)
+    split, kernels, distinct = component_split(model, drafter, prompt)
     result["split"] = {str(w): v for w, v in split.items()}
+    result["split_bound_ms"], bound_rows = split_bounds(model, drafter, split, distinct, args.prompt, bandwidth)
     result["kernels_at_w1"] = kernels
     for name, k in kernels.items():
         if "error" in k:
@@ -558,6 +622,10 @@ def main() -> None:
     print_table(["w", "GDN ms", "attention ms", "MoE ms", "LM head + accept ms", "other ms", "C(w) ms", "drafter ms"],
                 [[w, v["gdn"], v["attention"], v["moe"], v["lm_head_accept"],
                   fixed_at[w] - sum(v[k] for k in target_parts), fixed_at[w], v["drafter"]] for w, v in split.items()])
+
+    print("each part's time over its bytes bound (component_bytes: weights once, each distinct expert once, "
+          f"the prompt's KV; at the copy bandwidth, {bandwidth:.0f} GB/s)")
+    print_table(["w", "distinct (layer, expert)", *BOUND_PARTS], bound_rows)
 
     write_json(Path(args.out) / "runner.json", result)
     rounds = round_costs(model, drafter, prompt, continuation, compile_front=False)

@@ -1,6 +1,6 @@
-"""`benchmarks/bench_runner.py --inductor`: the settings it applies are the ones named, parsed to
-the setting's type, globally and in the runner's compile options, and a name inductor does not
-have stops the run before anything is built."""
+"""`benchmarks/bench_runner.py`'s pure helpers: `--inductor` applies the settings it names, parsed
+to the setting's type, globally and in the runner's compile options (a name inductor does not have
+stops the run before anything is built); `--linear`; the round table; the split's bytes bounds."""
 
 from __future__ import annotations
 
@@ -51,3 +51,42 @@ def test_the_round_table_splits_a_fixed_length_round_and_keeps_the_policy_row():
     assert table["4"]["rest_ms"] == pytest.approx(0.7) and table["4"]["stage0_compiled_ms"] is None
     assert table["4"]["round_compiled_front_ms"] == 5.5
     assert table["hybridspec"] == dict(round_ms=7.0, mean_w=6.5, round_compiled_front_ms=6.4)
+
+
+def test_the_parts_bytes_add_up_to_the_verification_bound():
+    from benchmarks.bench_runner import BOUND_PARTS, bytes_bound, component_bytes
+    from hybridspec.tiny import tiny_drafter, tiny_target
+
+    model, drafter = tiny_target(), tiny_drafter()
+    cfg = model.config
+    parts = component_bytes(model, drafter, distinct_pairs=37, context=0)
+    total, _ = bytes_bound(model, 37, 16, 1000.0)
+    assert sum(parts[k] for k in BOUND_PARTS if k != "drafter") + parts["other"] == total
+    assert all(parts[k] > 0 for k in BOUND_PARTS)
+    # one more distinct expert adds one expert's weights to the MoE part alone
+    more = component_bytes(model, drafter, distinct_pairs=38, context=0)
+    expert = model.model.layers[0].mlp.experts
+    one = (expert.gate_up_proj[0].numel() + expert.down_proj[0].numel()) * expert.down_proj.element_size()
+    assert more["moe"] - parts["moe"] == one and {k: v for k, v in more.items() if k != "moe"} == {
+        k: v for k, v in parts.items() if k != "moe"}
+    # the attention part reads each full-attention layer's cached keys and values
+    attn = sum(t == "full_attention" for t in cfg.layer_types)
+    at10 = component_bytes(model, drafter, distinct_pairs=37, context=10)
+    kv = attn * 10 * cfg.num_key_value_heads * cfg.head_dim * 2 * model.lm_head.weight.element_size()
+    assert at10["attention"] - parts["attention"] == kv
+    # the drafter reads its own weights and the target's head
+    assert parts["drafter"] == parts["lm_head_accept"] + sum(p.numel() * p.element_size() for p in drafter.parameters())
+
+
+def test_the_split_is_divided_by_each_parts_bound():
+    from benchmarks.bench_runner import BOUND_PARTS, component_bytes, split_bounds
+    from hybridspec.tiny import tiny_drafter, tiny_target
+
+    model, drafter = tiny_target(), tiny_drafter()
+    split = {1: dict.fromkeys(BOUND_PARTS, 2.0), 16: dict.fromkeys(BOUND_PARTS, 4.0)}
+    bounds, rows = split_bounds(model, drafter, split, {1: 5, 16: 20}, context=8, bandwidth_gbs=1000.0)
+    assert set(bounds) == {"1", "16"} and bounds["16"]["distinct_pairs"] == 20
+    moe_ms = component_bytes(model, drafter, 20, 8)["moe"] / 1e12 * 1e3
+    assert bounds["16"]["moe"] == moe_ms
+    assert rows[1][:2] == [16, 20] and rows[1][2 + BOUND_PARTS.index("moe")] == 4.0 / moe_ms
+    assert rows[0][2 + BOUND_PARTS.index("gdn")] == 2.0 / bounds["1"]["gdn"]
