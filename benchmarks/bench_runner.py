@@ -33,6 +33,7 @@ Side by side in one run:
     python benchmarks/bench_runner.py --skip-hf --only-ar --inductor combo_kernels=0   # an inductor setting's effect
     HYBRIDSPEC_PDL=0 python benchmarks/bench_runner.py ...   # without programmatic dependent launch
     python benchmarks/bench_runner.py --skip-hf --only-ar --linear block_n=32   # small_linear's tiles
+    python benchmarks/bench_runner.py --skip-hf --only-ar --linear out_split_k=4   # split-K output projections
     python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
     python benchmarks/bench_runner.py --skip-hf --only-round-kernels   # every kernel of one whole round, w = 1 and 16
 """

@@ -2,9 +2,9 @@
 
 from hybridspec.ops.attention import decode_attention
 from hybridspec.ops.gdn import GDNFactors, gdn_commit, gdn_verify, stack_factors
-from hybridspec.ops.linear import small_linear
+from hybridspec.ops.linear import small_linear, small_linear_partials
 from hybridspec.ops.lm_head import lm_head_top1
 from hybridspec.ops.moe import moe_experts
 from hybridspec.ops.route import route_topk
 
-__all__ = ["GDNFactors", "decode_attention", "gdn_commit", "gdn_verify", "lm_head_top1", "moe_experts", "route_topk", "small_linear", "stack_factors"]
+__all__ = ["GDNFactors", "decode_attention", "gdn_commit", "gdn_verify", "lm_head_top1", "moe_experts", "route_topk", "small_linear", "small_linear_partials", "stack_factors"]

@@ -4,8 +4,13 @@ rows (M <= 64), a skinny GEMM that spreads the weight over ~N / block_n programs
 Same form as the other ops (docs/design.md, "Ops"): the body launches the Triton kernel
 (hybridspec/ops/linear_triton.py) for CUDA tensors, and for CPU tensors under
 `TRITON_INTERPRET=1`, and runs the naive twin (hybridspec/ops/naive_linear.py) otherwise. One
-launch; deterministic (no split-K, no atomics). `fits` tells a caller whether a call may take this
-op rather than `F.linear`.
+launch; deterministic (no atomics). `fits` tells a caller whether a call may take this op rather
+than `F.linear`.
+
+`hybridspec::small_linear_partials` is the same kernel with K split `splits` ways: one launch, fp32
+partial sums `[splits, M, N]` that the caller adds (in a compiled region the add, the rounding and
+whatever follows, a residual add and a norm, fuse into the consumer's kernel: split-K without a
+second launch).
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ from dataclasses import dataclass
 import torch
 
 from hybridspec.ops import naive_linear
+from hybridspec.ops.naive_linear import split_span
 from hybridspec.ops.checks import FLOAT_INPUTS, check, dot_precision, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
 
 # one program holds every row: the row tile is at most 64
 MAX_ROWS = 64
+# splits of K `small_linear_partials` takes: each is a [M, N] fp32 slice its consumer reads
+MAX_SPLITS = 16
 # shared memory a launch may ask for: an H200 gives 227 KB per block, and Triton's layout
 # conversions take some of it besides the pipelined tiles
 SMEM_BUDGET = 192 * 1024
@@ -36,6 +44,11 @@ class LinearKernelConfig:
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 4
+    # K splits of the mixers' output projections (`hybridspec.patches.common.out_projection`)
+    # through `small_linear_partials`; 1: `F.linear` (cuBLAS, its own split-K and reduce kernel).
+    # 1 until an H200 run says more splits pay (docs/benchmarks.md; `benchmarks/bench_runner.py
+    # --linear out_split_k=4` measures it)
+    out_split_k: int = 1
 
 
 KERNEL_CONFIG = LinearKernelConfig()
@@ -54,28 +67,40 @@ def _tiles(cfg: LinearKernelConfig, M: int, K: int, element_size: int) -> tuple[
     return bm, bn, min(bk, max(16, next_pow2(K)))
 
 
-@torch.library.custom_op("hybridspec::small_linear", mutates_args=(), device_types=None)
-def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if not use_triton(x):
-        return naive_linear.small_linear(x, weight)
+def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int) -> None:
+    """`small_linear_kernel` over `splits` splits of K into `out` (`[M, N]` in x's dtype for one
+    split, `[splits, M, N]` fp32 partials otherwise)."""
     from hybridspec.ops.linear_triton import small_linear_kernel
 
     cfg = KERNEL_CONFIG
     M, K = x.shape
     N = weight.shape[0]
     bm, bn, bk = _tiles(cfg, M, K, x.element_size())
+    span = K
+    if splits > 1:
+        span = split_span(K, splits)
+        # a K step never crosses a split: the span is a multiple of 16, so this stops at 16 at least
+        while span % bk:
+            bk //= 2
     interp16 = TRITON_INTERPRET and x.dtype != torch.float32
-    prec = dot_precision(x)
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     pdl = use_pdl(x)
-    small_linear_kernel[(-(-N // bn), -(-M // bm))](
+    small_linear_kernel[(-(-N // bn), -(-M // bm), splits)](
         x, weight, out,
-        M, N, K,
+        M, N, K, span,
         x.stride(0), weight.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        PRECISION=prec, UPCAST=interp16, INTERPRET_BF16=TRITON_INTERPRET and x.dtype == torch.bfloat16,
+        PRECISION=dot_precision(x), UPCAST=interp16,
+        INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16,
         USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
     )
+
+
+@torch.library.custom_op("hybridspec::small_linear", mutates_args=(), device_types=None)
+def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if not use_triton(x):
+        return naive_linear.small_linear(x, weight)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    _launch(x, weight, out, 1)
     count_launch("small_linear")
     return out
 
@@ -83,6 +108,21 @@ def _small_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @_small_linear_op.register_fake
 def _(x, weight):
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("hybridspec::small_linear_partials", mutates_args=(), device_types=None)
+def _small_linear_partials_op(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    if not use_triton(x):
+        return naive_linear.small_linear_partials(x, weight, splits)
+    out = torch.empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
+    _launch(x, weight, out, splits)
+    count_launch("small_linear_partials")
+    return out
+
+
+@_small_linear_partials_op.register_fake
+def _(x, weight, splits):
+    return x.new_empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32)
 
 
 def _last_dim_ok(t: torch.Tensor) -> bool:
@@ -122,6 +162,24 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     summation is fixed (no split-K), so repeated calls give the same bits; it differs from cuBLAS's,
     so a result may differ from `F.linear`'s in the last bit.
     """
+    _check_inputs(x, weight)
+    return _small_linear_op(x, weight)
+
+
+def small_linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    """`x @ weight.T` as `splits` fp32 partial sums over splits of K, in one launch: `[splits, M, N]`
+    fp32, split s summing columns `[s * span, (s + 1) * span)` of K (`naive_linear.split_span`: about
+    K / splits, a multiple of 16; the last splits may be short or zero). `out.sum(0).to(x.dtype)` is
+    `small_linear(x, weight)` up to the order of the fp32 sum; in a compiled region that sum and
+    what follows it fuse into one kernel. Inputs as `small_linear`; 1 <= splits <= 16.
+    """
+    _check_inputs(x, weight)
+    check(isinstance(splits, int) and 1 <= splits <= MAX_SPLITS, f"splits must be an int in 1..{MAX_SPLITS}, got {splits!r}")
+    return _small_linear_partials_op(x, weight, splits)
+
+
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """`small_linear`'s and `small_linear_partials`' input checks."""
     check(x.dim() == 2 and x.shape[0] >= 1 and x.shape[1] >= 1,
           f"x must be [M, K] with M >= 1 and K >= 1, got {tuple(x.shape)}")
     M, K = x.shape
@@ -133,4 +191,3 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     check(_last_dim_ok(x) and _last_dim_ok(weight),
           f"x and weight must be contiguous in their last dim, got strides {x.stride()} and {weight.stride()}")
     check(weight.device == x.device, f"weight is on {weight.device}, x on {x.device}")
-    return _small_linear_op(x, weight)

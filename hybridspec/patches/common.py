@@ -13,7 +13,7 @@ from transformers.activations import ACT2FN
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.fused import fused_weight, plain_linear, project
-from hybridspec.ops import decode_attention, gdn_verify, route_topk, small_linear
+from hybridspec.ops import decode_attention, gdn_verify, linear as linear_ops, route_topk, small_linear, small_linear_partials
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.state import GDNSlot
@@ -44,8 +44,25 @@ def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor |
     """GDN verify of one layer into the round's factor buffers, then the gated norm and out_proj."""
     B, w = q.shape[:2]
     o, _ = gdn_verify(q, k, v, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors)
-    o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
-    return parallel.column(mod.out_proj, o.reshape(B, w, -1), gather=True)
+    o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
+    out = split_out_projection(mod.out_proj, o)
+    return out if out is not None else parallel.column(mod.out_proj, o, gather=True)
+
+
+def split_out_projection(linear, x: torch.Tensor) -> torch.Tensor | None:
+    """A mixer's output projection on `[B, w, F]` as split-K partial sums (`small_linear_partials`,
+    `KERNEL_CONFIG.out_split_k` splits), added here in fp32 and rounded once to x's dtype; None where
+    that is off (`out_split_k` 1, the default), the linear is not `plain_unsharded`, or
+    `small_linear` would not take the inputs (the caller then runs the linear as before). Inside a
+    compiled layer the add, the rounding, the residual add and the norm after it are one kernel, so
+    this drops the separate reduce launch of cuBLAS's split-K."""
+    splits = linear_ops.KERNEL_CONFIG.out_split_k
+    if splits <= 1 or not plain_unsharded(linear):
+        return None
+    flat = x.reshape(-1, x.shape[-1])
+    if not fits(flat, linear.weight):
+        return None
+    return small_linear_partials(flat, linear.weight, splits).sum(0).to(x.dtype).view(*x.shape[:-1], -1)
 
 
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start, pad,
@@ -76,7 +93,9 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     values[batch, :, rows] = v.transpose(1, 2)
     out = decode_attention(q.transpose(1, 2), keys, values, start, scale=mod.scaling, gate=gate,
                            starts=pad)  # [B, w, Hq, D]
-    return parallel.row(mod.o_proj, out.reshape(B, w, -1))
+    out = out.reshape(B, w, -1)
+    projected = split_out_projection(mod.o_proj, out)
+    return projected if projected is not None else parallel.row(mod.o_proj, out)
 
 
 def is_sparse_moe(mlp) -> bool:

@@ -1,5 +1,6 @@
 """small_linear kernel against the naive twin (hybridspec.ops.naive_linear: fp32 accumulation,
-one rounding), on row-strided inputs and row slices of wider weights, and `fits`."""
+one rounding), on row-strided inputs and row slices of wider weights, and `fits`; its split-K form
+`small_linear_partials` against its twin, and the mixers' `split_out_projection` built on it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch.nn.functional as F
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hybridspec.ops import naive_linear, small_linear
+from hybridspec.ops import linear as linear_ops
+from hybridspec.ops import naive_linear, small_linear, small_linear_partials
 from hybridspec.ops.dispatch import use_triton
 from hybridspec.ops.linear import fits
 from tests.helpers import assert_rel
@@ -183,3 +185,120 @@ def test_real_shapes(case):
     check_against_naive(case, x, w, got)
     assert torch.equal(got, small_linear(x, w))
     assert_rel(got, F.linear(x, w), TOL[case.dtype], "vs F.linear")
+
+
+# fp32 partials on both sides: products exact (16-bit inputs) or 3xTF32 (fp32), sums in another order
+PARTIALS_TOL = 1e-5
+
+
+@settings(max_examples=20)
+@given(case=linear_cases(), splits=st.sampled_from([1, 2, 3, 4, 16]))
+@example(case=LinearCase(M=16, N=33, K=300, dtype=torch.bfloat16, seed=8, x_pad=5, w_off=9, w_pad=4), splits=4)
+@example(case=LinearCase(M=1, N=7, K=40, dtype=torch.float32, seed=9), splits=16)
+def test_partials_match_naive(device, case, splits):
+    """Each split's fp32 partial sum is its twin's (the same columns of K, `split_span`; the splits
+    past K are zeros), and their sum rounded once is `small_linear`'s result."""
+    x, w = make_inputs(case, device)
+    with expect_launch("small_linear_partials"):
+        got = small_linear_partials(x, w, splits)
+    assert got.shape == (splits, case.M, case.N) and got.dtype == torch.float32 and got.is_contiguous()
+    got, x, w = got.cpu(), x.cpu(), w.cpu()
+    ref = naive_linear.small_linear_partials(x, w, splits)
+    assert_rel(got, ref, PARTIALS_TOL, f"partials {case} splits={splits}")
+    span = naive_linear.split_span(case.K, splits)
+    assert torch.equal(got[-(-case.K // span):], torch.zeros_like(got[-(-case.K // span):]))
+    check_against_naive(case, x, w, got.sum(0).to(case.dtype))
+
+
+def test_split_span_covers_k_once():
+    for K in (1, 15, 16, 17, 300, 4096):
+        for splits in (1, 2, 3, 4, 7, 16):
+            span = naive_linear.split_span(K, splits)
+            assert span % 16 == 0 and span * splits >= K and span * (splits - 1) < K + 16 * splits
+    x, w = make_inputs(LinearCase(M=3, N=5, K=300, dtype=torch.float32, seed=10), "cpu")
+    assert_rel(naive_linear.small_linear_partials(x, w, 3).sum(0), x @ w.T, 1e-6, "twin's splits add up")
+
+
+def test_partials_opcheck(device):
+    x, w = make_inputs(LinearCase(M=3, N=20, K=40, dtype=torch.float32, seed=11, w_off=2, w_pad=4), device)
+    op = torch.ops.hybridspec.small_linear_partials.default
+    torch.library.opcheck(op, (x, w, 3))
+    torch.library.opcheck(op, (x.bfloat16(), w.bfloat16(), 2))
+
+
+@pytest.mark.parametrize("splits, match", [(0, "splits must be an int in 1..16, got 0"),
+                                           (17, "splits must be an int in 1..16, got 17"),
+                                           (2.0, "splits must be an int in 1..16, got 2.0")])
+def test_partials_wrapper_validates(splits, match):
+    x, w = make_inputs(LinearCase(M=3, N=20, K=16, dtype=torch.float32, seed=12), "cpu")
+    with pytest.raises(ValueError, match=match):
+        small_linear_partials(x, w, splits)
+    with pytest.raises(ValueError, match=r"at most 64 rows"):
+        small_linear_partials(x.new_zeros(65, 16), w, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_out_projection(device, monkeypatch, dtype):
+    """Off by default (None: the caller runs the linear); with `out_split_k` set, one partials
+    launch whose sum is the linear's output, eager and inside a fullgraph compile with a residual
+    add after it; a linear with a bias (not `plain_unsharded`) is left to its caller."""
+    from hybridspec.patches.common import split_out_projection
+
+    torch.manual_seed(13)
+    lin = torch.nn.Linear(80, 24, bias=False).to(device=device, dtype=dtype)
+    x = torch.randn(2, 5, 80, device=device, dtype=dtype)
+    assert split_out_projection(lin, x) is None
+    monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4))
+    with torch.no_grad():
+        with expect_launch("small_linear_partials"):
+            got = split_out_projection(lin, x)
+        assert got.shape == (2, 5, 24) and got.dtype == dtype
+        assert_rel(got.float().cpu(), lin(x).float().cpu(), TOL[dtype], "split out projection")
+        h = torch.randn(2, 5, 24, device=device, dtype=dtype)
+        compiled = torch.compile(lambda h, x: h + split_out_projection(lin, x), fullgraph=True)(h, x)
+        assert_rel(compiled.float().cpu(), (h + got).float().cpu(), TOL[dtype], "compiled")
+        biased = torch.nn.Linear(80, 24).to(device=device, dtype=dtype)
+        assert split_out_projection(biased, x) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_partials_real_shapes(M, dtype):
+    """The mixers' output projections (N 2048, K 4096) in 4 splits, against F.linear."""
+    case = LinearCase(M=M, N=2048, K=4096, dtype=dtype, seed=M)
+    x, w = make_inputs(case, "cuda")
+    got = small_linear_partials(x, w, 4)
+    assert torch.equal(got, small_linear_partials(x, w, 4))
+    assert_rel(got.cpu(), naive_linear.small_linear_partials(x.cpu(), w.cpu(), 4), PARTIALS_TOL, "vs twin")
+    assert_rel(got.sum(0).to(dtype), F.linear(x, w), TOL[dtype], "vs F.linear")
+
+
+@pytest.mark.parametrize("family_model", ["qwen35", "qwen3_next"])
+def test_verification_with_split_out_projections(device, monkeypatch, family_model):
+    """A verified block through the kernels with every mixer's output projection split 4 ways gives
+    the hidden states the default path gives, and transformers' (fp32 tiny models): one partials
+    launch per decoder layer."""
+    from transformers import DynamicCache
+
+    from hybridspec.patches import family_of
+    from hybridspec.patches.forward import allocate_state, verify_forward
+    from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm
+
+    build = qwen35_causal_lm if family_model == "qwen35" else qwen3_next_causal_lm
+    model = build(seed=14).to(device)
+    family = family_of(model)
+    layers = family.text_config(model).num_hidden_layers
+    g = torch.Generator().manual_seed(15)
+    prompt, block = (torch.randint(0, VOCAB, (1, n), generator=g).to(device) for n in (7, 5))
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(prompt, use_cache=True, past_key_values=cache)
+        state = allocate_state(family, model, cache, 32)
+        plain, _ = verify_forward(family, model, block, state)
+        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4))
+        with expect_launch("small_linear_partials", layers):
+            split, _ = verify_forward(family, model, block, state)
+        full = model(torch.cat([prompt, block], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
+    assert_rel(split.cpu(), plain.cpu(), 1e-5, "split vs default")
+    assert_rel(split.cpu(), full.cpu(), 1e-5, "split vs transformers")
