@@ -50,6 +50,12 @@ def plain_linear(lin: nn.Module) -> bool:
     return type(lin) is nn.Linear and lin.bias is None and not lin._forward_hooks and not lin._forward_pre_hooks
 
 
+def plain_unsharded(linear) -> bool:
+    """A plain bias-free `nn.Linear` without hooks or an instance-level `forward` (transformers'
+    tensor-parallel styles and accelerate's hooks install one), its weight not sharded."""
+    return plain_linear(linear) and "forward" not in vars(linear) and not isinstance(linear.weight, parallel.DTensor)
+
+
 def _fusable(linears: Sequence[nn.Module], linear_like: tuple = ()) -> bool:
     """Plain bias-free `nn.Linear`s without forward hooks (a hook, or a wrapper such as a LoRA
     adapter in the module's place, changes what the module computes), or modules of `linear_like`

@@ -25,6 +25,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, app
 from hybridspec.drafter.config import DFlashConfig
 from hybridspec.fused import fuse, project
 from hybridspec.ops import decode_attention
+from hybridspec.split_projection import split_out_projection
 
 
 class CacheBlock(NamedTuple):
@@ -117,7 +118,9 @@ class DFlashAttention(nn.Module):
                 # it reads rows start..L+W-1 only, where SDPA read every row of the cache under a mask
                 out = decode_attention(q.transpose(1, 2), past_k, past_v, block.length, scale=self.scaling,
                                        starts=block.start, causal=self.is_causal)  # [B, T, Hq, d]
-                return self.o_proj(out.reshape(B, T, -1))
+                out = out.reshape(B, T, -1)
+                projected = split_out_projection(self.o_proj, out)
+                return projected if projected is not None else self.o_proj(out)
             k, v = past_k, past_v
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
@@ -145,7 +148,9 @@ def mlp_forward(mlp: Qwen3MLP, x: torch.Tensor) -> torch.Tensor:
     if fused is None:
         return mlp(x)
     gate, up = fused
-    return mlp.down_proj(mlp.act_fn(gate) * up)
+    act = mlp.act_fn(gate) * up
+    down = split_out_projection(mlp.down_proj, act)
+    return down if down is not None else mlp.down_proj(act)
 
 
 def fuse_layers(layers) -> None:

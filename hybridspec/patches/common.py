@@ -12,10 +12,11 @@ from transformers.activations import ACT2FN
 
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
-from hybridspec.fused import fused_weight, plain_linear, project
-from hybridspec.ops import decode_attention, gdn_verify, linear as linear_ops, route_topk, small_linear, small_linear_partials
+from hybridspec.fused import fused_weight, plain_unsharded, project
+from hybridspec.ops import decode_attention, gdn_verify, route_topk, small_linear
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
+from hybridspec.split_projection import split_out_projection
 from hybridspec.state import GDNSlot
 
 
@@ -47,22 +48,6 @@ def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor |
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
     out = split_out_projection(mod.out_proj, o)
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)
-
-
-def split_out_projection(linear, x: torch.Tensor) -> torch.Tensor | None:
-    """A mixer's output projection on `[B, w, F]` as split-K partial sums (`small_linear_partials`,
-    `KERNEL_CONFIG.out_split_k` splits), added here in fp32 and rounded once to x's dtype; None where
-    that is off (`out_split_k` 1, the default), the linear is not `plain_unsharded`, or
-    `small_linear` would not take the inputs (the caller then runs the linear as before). Inside a
-    compiled layer the add, the rounding, the residual add and the norm after it are one kernel, so
-    this drops the separate reduce launch of cuBLAS's split-K."""
-    splits = linear_ops.KERNEL_CONFIG.out_split_k
-    if splits <= 1 or not plain_unsharded(linear):
-        return None
-    flat = x.reshape(-1, x.shape[-1])
-    if not fits(flat, linear.weight):
-        return None
-    return small_linear_partials(flat, linear.weight, splits).sum(0).to(x.dtype).view(*x.shape[:-1], -1)
 
 
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start, pad,
@@ -245,12 +230,6 @@ def moe_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if x.is_cuda and fits(flat, weight):
         return small_linear(flat, weight).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight)
-
-
-def plain_unsharded(linear) -> bool:
-    """A plain bias-free `nn.Linear` without hooks or an instance-level `forward` (transformers'
-    tensor-parallel styles and accelerate's hooks install one), its weight not sharded."""
-    return plain_linear(linear) and "forward" not in vars(linear) and not isinstance(linear.weight, parallel.DTensor)
 
 
 def _down(linear, x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridspec.patches import family_of
-from hybridspec.patches.common import plain_unsharded
+from hybridspec.fused import plain_unsharded
 from hybridspec.patches.forward import EAGER, Blocks, has_router_boundary
 from hybridspec.patches.fusion import fuse_model
 from hybridspec.patches.tp import check_sharding

@@ -1,6 +1,7 @@
 """small_linear kernel against the naive twin (hybridspec.ops.naive_linear: fp32 accumulation,
 one rounding), on row-strided inputs and row slices of wider weights, and `fits`; its split-K form
-`small_linear_partials` against its twin, and the mixers' `split_out_projection` built on it."""
+`small_linear_partials` against its twin, and `split_out_projection` built on it (the target's
+mixers and the drafter's layers)."""
 
 from __future__ import annotations
 
@@ -242,7 +243,7 @@ def test_split_out_projection(device, monkeypatch, dtype):
     """Off by default (None: the caller runs the linear); with `out_split_k` set, one partials
     launch whose sum is the linear's output, eager and inside a fullgraph compile with a residual
     add after it; a linear with a bias (not `plain_unsharded`) is left to its caller."""
-    from hybridspec.patches.common import split_out_projection
+    from hybridspec.split_projection import split_out_projection
 
     torch.manual_seed(13)
     lin = torch.nn.Linear(80, 24, bias=False).to(device=device, dtype=dtype)
@@ -302,3 +303,27 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
         full = model(torch.cat([prompt, block], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
     assert_rel(split.cpu(), plain.cpu(), 1e-5, "split vs default")
     assert_rel(split.cpu(), full.cpu(), 1e-5, "split vs transformers")
+
+
+def test_drafts_with_split_out_projections(device, monkeypatch):
+    """The drafter's rounds with its `o_proj` and MLP `down_proj` split 4 ways draft the tokens the
+    default path drafts: two partials launches per layer and round."""
+    from tests.models import VOCAB, config, qwen35_causal_lm, random_drafter
+
+    drafter = random_drafter(config()).to(device).bind(qwen35_causal_lm().to(device))
+    g = torch.Generator().manual_seed(16)
+    features = torch.randn(1, 20, drafter.fc.in_features, generator=g).to(device)
+    anchor = torch.randint(0, VOCAB, (1,), generator=g).to(device)
+
+    def draft():
+        drafter.reset(1, max_length=48)
+        drafter.observe(features, 20)
+        return drafter.propose(anchor)
+
+    with torch.no_grad():
+        plain = draft()
+        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4))
+        with expect_launch("small_linear_partials", 2 * len(drafter.layers)):
+            split = draft()
+    assert torch.equal(split.tokens, plain.tokens)
+    assert_rel(split.confidence.cpu(), plain.confidence.cpu(), 1e-5, "confidence")

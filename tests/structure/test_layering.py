@@ -15,6 +15,7 @@ RANK = {
     "cache": 0, "_hints": 0, "inputs": 0, "parallel": 0,
     "ops": 1,
     "state": 2, "experts": 2, "fused": 2,
+    "split_projection": 2.5,
     "patches": 3, "drafter": 3,
     "policy": 4, "fingerprint": 4,
     "round": 5,

@@ -1,0 +1,39 @@
+"""Output projections as split-K partial sums that their consumer adds.
+
+A layer's output projection (a GDN mixer's `out_proj`, an attention mixer's `o_proj`, the
+drafter's `o_proj` and MLP `down_proj`) maps a wide input (K = 4096 to 6144 at the 35B-A3B shape)
+to the hidden size for a few rows. cuBLAS runs it split-K and adds the splits in a reduce kernel of
+its own (1.7 us of the 8.7 us an out projection takes at one row on the H200). Here
+`small_linear_partials` writes the splits' fp32 partial sums and the caller adds them: inside a
+compiled layer that add, the rounding to the weights' dtype, the residual add and the norm after it
+are one inductor kernel, so the split costs no launch.
+
+`LinearKernelConfig.out_split_k` (hybridspec/ops/linear.py) is the number of splits; 1, the
+default, keeps every projection on its module (`F.linear`) until an H200 run says more pay
+(docs/benchmarks.md). The sum of the splits is fp32 in a fixed order, rounded once: another
+summation order than cuBLAS's, the same function.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridspec.fused import plain_unsharded
+from hybridspec.ops import linear as linear_ops
+from hybridspec.ops import small_linear_partials
+from hybridspec.ops.linear import fits
+
+
+def split_out_projection(linear, x: torch.Tensor) -> torch.Tensor | None:
+    """`linear(x)` on `[..., K]` as `KERNEL_CONFIG.out_split_k` split-K partial sums added here in
+    fp32 and rounded once to x's dtype; None where that is off (`out_split_k` 1), the linear is not
+    `plain_unsharded` (a bias, hooks, an adapter or a sharded weight), or `small_linear` would not
+    take the inputs (more than 64 rows, no kernel device, an autograd graph): the caller then runs
+    the linear as before."""
+    splits = linear_ops.KERNEL_CONFIG.out_split_k
+    if splits <= 1 or not plain_unsharded(linear):
+        return None
+    flat = x.reshape(-1, x.shape[-1])
+    if not fits(flat, linear.weight):
+        return None
+    return small_linear_partials(flat, linear.weight, splits).sum(0).to(x.dtype).view(*x.shape[:-1], -1)
