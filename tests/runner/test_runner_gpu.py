@@ -102,6 +102,32 @@ def test_captured_fused_head_equals_target_only(build, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
+def test_captured_split_out_projections_equal_target_only(build, monkeypatch):
+    """`LinearKernelConfig.out_split_k = 4` (off by default): the target's mixers and the drafter's
+    layers run their output projections as split-K partials (`hybridspec.split_projection`),
+    captured and compiled; AR steps and rounds give target-only decoding's tokens on fp32 models."""
+    from hybridspec.ops import linear as linear_ops
+    from hybridspec.ops.dispatch import launch_counts
+    from hybridspec.policy import FixedPolicy
+
+    model = build(seed=4).cuda()
+    ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
+    monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4))
+    inner = tiny_drafter().cuda()
+    inner.bind(model)
+    drafter = DeviceReplayDrafter(inner, ref[0, PROMPT.shape[1]:], vocab_size=model.config.vocab_size)
+    for spec in (None, drafter):
+        before = launch_counts["small_linear_partials"]
+        runner = Runner(model, spec, FixedPolicy("fixed", 8) if spec is not None else None, capacity=256)
+        assert runner.captured
+        out, _ = runner.generate(PROMPT.cuda(), MAX_NEW)
+        assert torch.equal(out, ref)
+        # the projections went through the partials op (counted when traced and captured)
+        assert launch_counts["small_linear_partials"] > before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
 def test_captured_compiled_front_gives_the_eager_fronts_rounds(build):
     """`Runner(compile_front=True)` captured with compiled layers: the length choice, Stage 0 and the
     routing correction compiled as one region give the same rounds, lengths and tokens as the
