@@ -44,8 +44,9 @@ class LinearKernelConfig:
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 4
-    # K splits of the mixers' output projections (`hybridspec.patches.common.out_projection`)
-    # through `small_linear_partials`; 1: `F.linear` (cuBLAS, its own split-K and reduce kernel).
+    # K splits of the output projections (the mixers' and the drafter's,
+    # `hybridspec.split_projection.split_out_projection`) through `small_linear_partials`; 1: their
+    # modules (`F.linear`: cuBLAS, its own split-K and reduce kernel).
     # 1 until an H200 run says more splits pay (docs/benchmarks.md; `benchmarks/bench_runner.py
     # --linear out_split_k=4` measures it)
     out_split_k: int = 1
