@@ -22,6 +22,7 @@ import importlib.util
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ import torch
 from hybridspec.bench_report import COLUMNS, LOOP_RATIO, NOISY_SPREAD, calibration_noise, noise_reasons, print_table, spread
 from hybridspec.calibration.batched import left_padded
 from hybridspec.generation.options import BATCH_POLICIES
+from hybridspec.ops import linear as linear_ops
 from hybridspec.round.stats import device_time
 
 METHODS = (
@@ -325,6 +327,21 @@ def resolve_sizes(args) -> None:
 
 
 def run(args) -> dict:
+    """The bench (arguments: `hybridspec.cli`); with `--out-split-k`, under that many splits of the
+    output projections (`LinearKernelConfig.out_split_k`), set before anything compiles and restored
+    after."""
+    splits = getattr(args, "out_split_k", None)
+    if splits is None:
+        return _run(args)
+    saved = linear_ops.KERNEL_CONFIG
+    linear_ops.KERNEL_CONFIG = replace(saved, out_split_k=splits)
+    try:
+        return _run(args)
+    finally:
+        linear_ops.KERNEL_CONFIG = saved
+
+
+def _run(args) -> dict:
     import hybridspec
     from hybridspec.calibration import Calibration
     from hybridspec.calibration.artifact import runtime_versions
@@ -425,6 +442,7 @@ def run(args) -> dict:
         models=what, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         cpu_threads=torch.get_num_threads() if device.type == "cpu" else None,
         versions=runtime_versions(), fla_importable=importlib.util.find_spec("fla") is not None,
+        out_split_k=linear_ops.KERNEL_CONFIG.out_split_k,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), repeats=repeats, noisy_spread=NOISY_SPREAD,
         batch_size=B, tokens_per_s_over="the batch (every row's tokens)" if B > 1 else "the request",
         prompts=len(eval_prompts), prompt_tokens=[p.shape[1] for p in eval_prompts], max_new_tokens=new,

@@ -117,6 +117,10 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
                         "the calibration run here also measures this size")
     p.add_argument("--seed", type=int, default=0, help="evaluation draws; calibration uses seed + 1")
     p.add_argument("--cpu-threads", type=positive_int, default=1, help=CPU_THREADS_HELP)
+    p.add_argument("--out-split-k", type=int, default=None, choices=range(1, 17), metavar="{1..16}",
+                   help="run the output projections (the target's mixers, the drafter's o_proj and down_proj) as "
+                        "this many split-K partial sums (hybridspec.ops.linear.KERNEL_CONFIG.out_split_k; default: "
+                        "the library's, 1: their modules); recorded in bench.json")
 
 
 @dataclass(frozen=True)

@@ -153,3 +153,23 @@ def test_tiny_bench_end_to_end(tmp_path):
     assert "noisy" in saved["calibration_summary"] and saved["cpu_threads"] == 1
     assert all((tmp_path / name).stat().st_size > 0 for name in ("speedup.png", "cost_curve.png"))
     assert result["plots"]
+
+
+def test_out_split_k_holds_for_the_run_only(monkeypatch):
+    """`hybridspec bench --out-split-k N` sets `LinearKernelConfig.out_split_k` for its run (before
+    anything compiles) and restores the library's after; without it the config is left alone."""
+    import argparse
+
+    from hybridspec import bench
+    from hybridspec.cli import build_parser
+    from hybridspec.ops import linear
+
+    seen = []
+    monkeypatch.setattr(bench, "_run", lambda args: seen.append(linear.KERNEL_CONFIG.out_split_k) or {})
+    before = linear.KERNEL_CONFIG
+    args = build_parser().parse_args(["bench", "--tiny", "--out-split-k", "4"])
+    assert args.out_split_k == 4
+    bench.run(args)
+    assert seen == [4] and linear.KERNEL_CONFIG is before
+    bench.run(argparse.Namespace())
+    assert seen == [4, before.out_split_k] and linear.KERNEL_CONFIG is before
