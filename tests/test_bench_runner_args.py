@@ -90,3 +90,12 @@ def test_the_split_is_divided_by_each_parts_bound():
     assert bounds["16"]["moe"] == moe_ms
     assert rows[1][:2] == [16, 20] and rows[1][2 + BOUND_PARTS.index("moe")] == 4.0 / moe_ms
     assert rows[0][2 + BOUND_PARTS.index("gdn")] == 2.0 / bounds["1"]["gdn"]
+
+
+def test_split_k_values_are_parsed_and_checked():
+    from benchmarks.bench_runner import split_k_values
+
+    assert split_k_values("1,2,4,8") == [1, 2, 4, 8] and split_k_values("") == []
+    for bad, match in (("0,2", r"in 1..16, got \[0, 2\]"), ("17", r"in 1..16"), ("2,x", "expected integers")):
+        with pytest.raises(SystemExit, match=match):
+            split_k_values(bad)
