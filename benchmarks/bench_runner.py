@@ -144,21 +144,29 @@ def host_parts(runner, prompt, calls: int = 100) -> dict:
     return parts
 
 
-def bytes_bound(model, distinct_pairs: int, rows: int, bandwidth_gbs: float) -> tuple[float, float]:
-    """(bytes, ms): weights a w-row verification must read (every non-expert weight except the
-    embedding table, whose w rows are negligible; each distinct expert once) plus the GDN states."""
-    per_expert, dense = 0, 0
+def _target_bytes(model) -> tuple[dict[str, int], int, int]:
+    """The target's bytes as a verification reads them: its parameters by part (`_part_of`; no
+    embedding table, whose w rows are negligible; no experts), one expert's weights (gate_up_proj
+    `[E, 2I, H]` and down_proj `[E, H, I]` of layer 0) and the GDN layers' fp32 states."""
+    parts = dict.fromkeys((*BOUND_PARTS, "other"), 0)
+    per_expert = 0
     for name, p in model.named_parameters():
         if ".experts." in name:
-            # gate_up_proj [E, 2I, H] and down_proj [E, H, I] of layer 0: one expert's bytes
-            if name.startswith("model.layers.0."):
+            if ".layers.0." in name:
                 per_expert += p[0].numel() * p.element_size()
         elif "embed_tokens" not in name:
-            dense += p.numel() * p.element_size()
+            parts[_part_of(name)] += p.numel() * p.element_size()
     cfg = model.config
     gdn = sum(t == "linear_attention" for t in cfg.layer_types)
     states = gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
-    total = dense + distinct_pairs * per_expert + states
+    return parts, per_expert, states
+
+
+def bytes_bound(model, distinct_pairs: int, rows: int, bandwidth_gbs: float) -> tuple[float, float]:
+    """(bytes, ms): weights a w-row verification must read (every non-expert weight except the
+    embedding table, whose w rows are negligible; each distinct expert once) plus the GDN states."""
+    parts, per_expert, states = _target_bytes(model)
+    total = sum(parts.values()) + distinct_pairs * per_expert + states
     return total, total / (bandwidth_gbs * 1e9) * 1e3
 
 
@@ -187,20 +195,11 @@ def component_bytes(model, drafter, distinct_pairs: int, context: int) -> dict[s
     `lm_head_accept` the head and the final norm; `drafter` its own weights and the target's head,
     which its top-1 reads (its context cache left out); `other` the layer norms. Without `drafter`
     and at context 0 the parts add up to `bytes_bound`'s total."""
-    parts = dict.fromkeys((*BOUND_PARTS, "other"), 0)
-    per_expert = 0
-    for name, p in model.named_parameters():
-        size = p.numel() * p.element_size()
-        if ".experts." in name:
-            if ".layers.0." in name:
-                per_expert += p[0].numel() * p.element_size()
-        elif "embed_tokens" not in name:
-            parts[_part_of(name)] += size
+    parts, per_expert, states = _target_bytes(model)
     cfg = model.config
     parts["moe"] += distinct_pairs * per_expert
+    parts["gdn"] += states
     parts["drafter"] = parts["lm_head_accept"] + sum(p.numel() * p.element_size() for p in drafter.parameters())
-    gdn = sum(t == "linear_attention" for t in cfg.layer_types)
-    parts["gdn"] += gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
     attn = sum(t == "full_attention" for t in cfg.layer_types)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     itemsize = model.lm_head.weight.element_size()
