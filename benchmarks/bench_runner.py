@@ -34,7 +34,7 @@ Side by side in one run:
     HYBRIDSPEC_PDL=0 python benchmarks/bench_runner.py ...   # without programmatic dependent launch
     python benchmarks/bench_runner.py --skip-hf --only-ar --linear block_n=32   # small_linear's tiles
     python benchmarks/bench_runner.py --skip-hf --only-ar --linear out_split_k=4   # split-K output projections
-    python benchmarks/bench_runner.py --skip-hf --only-ar --ar-split-k 1,2,4,8   # each in one process
+    python benchmarks/bench_runner.py --skip-hf --only-ar --ar-linear 'out_split_k=4;router_split_k=4'   # each in one process
     python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
     python benchmarks/bench_runner.py --skip-hf --only-round-kernels   # every kernel of one whole round, w = 1 and 16
 """
@@ -491,23 +491,37 @@ def _assignments(text: str) -> list[tuple[str, str]]:
     return [tuple(item.partition("=")[::2]) for item in text.split(",") if item]
 
 
-def split_k_values(text: str) -> list[int]:
-    """`--ar-split-k 1,2,4` -> [1, 2, 4]: `out_split_k` values in 1..16 (an out-of-range or
-    non-integer value stops the run before anything is built)."""
-    try:
-        values = [int(v) for v in text.split(",") if v]
-    except ValueError:
-        raise SystemExit(f"--ar-split-k: expected integers like 1,2,4, got {text!r}") from None
-    if not all(1 <= v <= 16 for v in values):
-        raise SystemExit(f"--ar-split-k: each value must be in 1..16, got {values}")
-    return values
+def linear_variants(text: str) -> list[dict]:
+    """`--ar-linear "out_split_k=4;router_split_k=4;out_split_k=4,router_split_k=4"` -> one dict of
+    `LinearKernelConfig` fields (ints) per `;`-separated variant; an unknown field, a non-integer
+    value or a split count outside 1..16 stops the run before anything is built."""
+    from dataclasses import asdict
+
+    from hybridspec.ops import linear
+
+    fields = asdict(linear.KERNEL_CONFIG)
+    variants = []
+    for part in (p for p in text.split(";") if p):
+        changes = {}
+        for name, value in _assignments(part):
+            if name not in fields:
+                raise SystemExit(f"--ar-linear: LinearKernelConfig has no field {name!r}")
+            try:
+                changes[name] = int(value)
+            except ValueError:
+                raise SystemExit(f"--ar-linear: {name} must be an integer, got {value!r}") from None
+            if name.endswith("_split_k") and not 1 <= changes[name] <= linear.MAX_SPLITS:
+                raise SystemExit(f"--ar-linear: {name} must be in 1..{linear.MAX_SPLITS}, got {changes[name]}")
+        variants.append(changes)
+    return variants
 
 
-def ar_split_k(model, prompt, new, values: list[int], reference: torch.Tensor) -> list[dict]:
-    """The AR step under each `out_split_k` of `values` (the output projections as split-K partials,
-    `hybridspec.split_projection`), in this process one after another, the library's config restored
-    after; whether each decodes the tokens `reference` holds (bf16 random weights are near-tied, so a
-    differing token is rounding, and the fp32 GPU tests decide exactness)."""
+def ar_variants(model, prompt, new, variants: list[dict], reference: torch.Tensor) -> list[dict]:
+    """The AR step under each variant of the linear kernels' config (`LinearKernelConfig` fields
+    over this run's config: split-K output projections and router GEMMs), in this process one after
+    another, the library's config restored after; whether each decodes the tokens `reference` holds
+    (bf16 random weights are near-tied, so a differing token is rounding, and the fp32 GPU tests
+    decide exactness)."""
     from dataclasses import replace
 
     from hybridspec.ops import linear
@@ -515,10 +529,10 @@ def ar_split_k(model, prompt, new, values: list[int], reference: torch.Tensor) -
     saved = linear.KERNEL_CONFIG
     rows = []
     try:
-        for v in values:
-            linear.KERNEL_CONFIG = replace(saved, out_split_k=v)
+        for changes in variants:
+            linear.KERNEL_CONFIG = replace(saved, **changes)
             ms, _, out, _ = our_ar(model, prompt, new)
-            rows.append(dict(out_split_k=v, ms_per_token=ms, same_tokens=bool(torch.equal(out, reference))))
+            rows.append(dict(variant=changes, ms_per_token=ms, same_tokens=bool(torch.equal(out, reference))))
     finally:
         linear.KERNEL_CONFIG = saved
     return rows
@@ -584,13 +598,14 @@ def main() -> None:
                              "fused LM-head top-1, the default")
     parser.add_argument("--linear", default="", help="small_linear's kernel config for this run, e.g. "
                         "block_n=32 (recorded in the output)")
-    parser.add_argument("--ar-split-k", default="",
-                        help="after the AR row, the AR step again under each of these out_split_k values, e.g. "
-                             "1,2,4,8 (the output projections as split-K partials; one process, same weights)")
+    parser.add_argument("--ar-linear", default="",
+                        help="after the AR row, the AR step again under each of these ';'-separated variants of "
+                             "--linear, e.g. 'out_split_k=4;router_split_k=4;out_split_k=4,router_split_k=4' "
+                             "(one process, same weights)")
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
     linear_cfg = linear_config(args.linear)
-    split_values = split_k_values(args.ar_split_k)
+    variants = linear_variants(args.ar_linear)
     global COMPILE, FUSED_HEAD
     COMPILE = not args.no_compile
     FUSED_HEAD = args.fused_head
@@ -621,10 +636,11 @@ def main() -> None:
     print(f"AR (ours, CUDA graph): {ar_ms:.3f} ms/token (uncompiled layers {eager_ms:.3f}); bytes bound "
           f"{ar_bound_ms:.3f} ms; host {ar_host_us:.1f} us/token; compile+capture+runs {ar_setup:.0f} s")
     continuation = ar_out[0, args.prompt:]
-    if split_values:
-        result["ar_split_k"] = ar_split_k(model, prompt, args.new, split_values, ar_out)
-        print_table(["out_split_k", "AR ms/token", "same tokens as the AR row"],
-                    [[r["out_split_k"], r["ms_per_token"], r["same_tokens"]] for r in result["ar_split_k"]])
+    if variants:
+        result["ar_linear"] = ar_variants(model, prompt, args.new, variants, ar_out)
+        print_table(["linear variant", "AR ms/token", "same tokens as the AR row"],
+                    [[",".join(f"{k}={v}" for k, v in r["variant"].items()) or "(as run)", r["ms_per_token"],
+                      r["same_tokens"]] for r in result["ar_linear"]])
     if args.only_ar:
         write_json(Path(args.out) / "runner.json", result)
         return

@@ -326,15 +326,19 @@ def resolve_sizes(args) -> None:
             setattr(args, name, value)
 
 
+# `hybridspec bench` options that set a `LinearKernelConfig` field for the run
+SPLIT_OPTIONS = ("out_split_k", "router_split_k")
+
+
 def run(args) -> dict:
-    """The bench (arguments: `hybridspec.cli`); with `--out-split-k`, under that many splits of the
-    output projections (`LinearKernelConfig.out_split_k`), set before anything compiles and restored
-    after."""
-    splits = getattr(args, "out_split_k", None)
-    if splits is None:
+    """The bench (arguments: `hybridspec.cli`); with `--out-split-k` / `--router-split-k`, under
+    that many splits of the output projections / the MoE router GEMMs (`LinearKernelConfig`), set
+    before anything compiles and restored after."""
+    changes = {name: getattr(args, name) for name in SPLIT_OPTIONS if getattr(args, name, None) is not None}
+    if not changes:
         return _run(args)
     saved = linear_ops.KERNEL_CONFIG
-    linear_ops.KERNEL_CONFIG = replace(saved, out_split_k=splits)
+    linear_ops.KERNEL_CONFIG = replace(saved, **changes)
     try:
         return _run(args)
     finally:
@@ -442,7 +446,7 @@ def _run(args) -> dict:
         models=what, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         cpu_threads=torch.get_num_threads() if device.type == "cpu" else None,
         versions=runtime_versions(), fla_importable=importlib.util.find_spec("fla") is not None,
-        out_split_k=linear_ops.KERNEL_CONFIG.out_split_k,
+        out_split_k=linear_ops.KERNEL_CONFIG.out_split_k, router_split_k=linear_ops.KERNEL_CONFIG.router_split_k,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), repeats=repeats, noisy_spread=NOISY_SPREAD,
         batch_size=B, tokens_per_s_over="the batch (every row's tokens)" if B > 1 else "the request",
         prompts=len(eval_prompts), prompt_tokens=[p.shape[1] for p in eval_prompts], max_new_tokens=new,

@@ -121,6 +121,10 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the output projections (the target's mixers, the drafter's o_proj and down_proj) as "
                         "this many split-K partial sums (hybridspec.ops.linear.KERNEL_CONFIG.out_split_k; default: "
                         "the library's, 1: their modules); recorded in bench.json")
+    p.add_argument("--router-split-k", type=int, default=None, choices=range(1, 17), metavar="{1..16}",
+                   help="run each MoE block's router GEMM as this many split-K partial sums, added by the routing "
+                        "kernel (hybridspec.ops.linear.KERNEL_CONFIG.router_split_k; default: the library's, 1: one "
+                        "GEMM); recorded in bench.json")
 
 
 @dataclass(frozen=True)

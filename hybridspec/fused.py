@@ -174,13 +174,11 @@ def fused_weight(parent: nn.Module, name: str) -> torch.Tensor | None:
     return getattr(parent, PREFIX + name, None)
 
 
-def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor,
-            skip: int = 0, gemm=F.linear, take: int | None = None) -> list[torch.Tensor] | None:
-    """The outputs of `linears[skip:]` (or `linears[skip:skip + take]`) on `x` as one GEMM
-    (`gemm(x, weight)`) over their rows of the fused weight (to its end, or with `take` over their
-    row count rounded up to a multiple of `ROW_ALIGN`, within the buffer: the extra rows are
-    computed and split off); None where the group is not
-    fused (the caller runs its linears as they are)."""
+def fused_rows(parent: nn.Module, name: str, linears: Sequence[nn.Module], skip: int = 0,
+               take: int | None = None) -> tuple[torch.Tensor, list[int]] | None:
+    """The rows of the fused weight that `project` multiplies for `linears[skip:]` (or
+    `linears[skip:skip + take]`), and the output sizes it splits them into: each chosen linear's,
+    then the padding rows' (see `project`). None where the group is not fused."""
     stacked = fused_weight(parent, name)
     if stacked is None:
         return None
@@ -188,5 +186,18 @@ def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch
     chosen = linears[skip:] if take is None else linears[skip : skip + take]
     sizes = [lin.weight.shape[0] for lin in chosen]
     end = stacked.shape[0] if take is None else min(stacked.shape[0], first + _padded(sum(sizes)))
-    out = gemm(x, stacked[first:end]).split([*sizes, end - first - sum(sizes)], dim=-1)
-    return list(out[:-1])
+    return stacked[first:end], [*sizes, end - first - sum(sizes)]
+
+
+def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch.Tensor,
+            skip: int = 0, gemm=F.linear, take: int | None = None) -> list[torch.Tensor] | None:
+    """The outputs of `linears[skip:]` (or `linears[skip:skip + take]`) on `x` as one GEMM
+    (`gemm(x, weight)`) over their rows of the fused weight (to its end, or with `take` over their
+    row count rounded up to a multiple of `ROW_ALIGN`, within the buffer: the extra rows are
+    computed and split off); None where the group is not
+    fused (the caller runs its linears as they are)."""
+    rows = fused_rows(parent, name, linears, skip, take)
+    if rows is None:
+        return None
+    weight, sizes = rows
+    return list(gemm(x, weight).split(sizes, dim=-1)[:-1])

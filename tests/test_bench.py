@@ -155,9 +155,10 @@ def test_tiny_bench_end_to_end(tmp_path):
     assert result["plots"]
 
 
-def test_out_split_k_holds_for_the_run_only(monkeypatch):
-    """`hybridspec bench --out-split-k N` sets `LinearKernelConfig.out_split_k` for its run (before
-    anything compiles) and restores the library's after; without it the config is left alone."""
+def test_split_options_hold_for_the_run_only(monkeypatch):
+    """`hybridspec bench --out-split-k N --router-split-k M` set `LinearKernelConfig`'s fields for its
+    run (before anything compiles) and restore the library's after; without them the config is left
+    alone."""
     import argparse
 
     from hybridspec import bench
@@ -165,11 +166,13 @@ def test_out_split_k_holds_for_the_run_only(monkeypatch):
     from hybridspec.ops import linear
 
     seen = []
-    monkeypatch.setattr(bench, "_run", lambda args: seen.append(linear.KERNEL_CONFIG.out_split_k) or {})
+    monkeypatch.setattr(bench, "_run", lambda args: seen.append(
+        (linear.KERNEL_CONFIG.out_split_k, linear.KERNEL_CONFIG.router_split_k)) or {})
     before = linear.KERNEL_CONFIG
     args = build_parser().parse_args(["bench", "--tiny", "--out-split-k", "4"])
-    assert args.out_split_k == 4
+    assert args.out_split_k == 4 and args.router_split_k is None
     bench.run(args)
-    assert seen == [4] and linear.KERNEL_CONFIG is before
+    bench.run(build_parser().parse_args(["bench", "--tiny", "--out-split-k", "2", "--router-split-k", "8"]))
+    assert seen == [(4, before.router_split_k), (2, 8)] and linear.KERNEL_CONFIG is before
     bench.run(argparse.Namespace())
-    assert seen == [4, before.out_split_k] and linear.KERNEL_CONFIG is before
+    assert seen[-1] == (before.out_split_k, before.router_split_k) and linear.KERNEL_CONFIG is before

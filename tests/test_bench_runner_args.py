@@ -92,10 +92,15 @@ def test_the_split_is_divided_by_each_parts_bound():
     assert rows[0][2 + BOUND_PARTS.index("gdn")] == 2.0 / bounds["1"]["gdn"]
 
 
-def test_split_k_values_are_parsed_and_checked():
-    from benchmarks.bench_runner import split_k_values
+def test_linear_variants_are_parsed_and_checked():
+    from benchmarks.bench_runner import linear_variants
 
-    assert split_k_values("1,2,4,8") == [1, 2, 4, 8] and split_k_values("") == []
-    for bad, match in (("0,2", r"in 1..16, got \[0, 2\]"), ("17", r"in 1..16"), ("2,x", "expected integers")):
+    assert linear_variants("out_split_k=4;router_split_k=8;out_split_k=2,router_split_k=2;") == [
+        {"out_split_k": 4}, {"router_split_k": 8}, {"out_split_k": 2, "router_split_k": 2}]
+    assert linear_variants("") == [] and linear_variants("block_n=32") == [{"block_n": 32}]
+    for bad, match in (("out_split_k=0", r"out_split_k must be in 1..16, got 0"),
+                       ("router_split_k=17", r"router_split_k must be in 1..16, got 17"),
+                       ("out_split_k=x", "out_split_k must be an integer, got 'x'"),
+                       ("out_split_k=2;nope=1", "LinearKernelConfig has no field 'nope'")):
         with pytest.raises(SystemExit, match=match):
-            split_k_values(bad)
+            linear_variants(bad)

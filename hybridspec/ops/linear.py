@@ -50,6 +50,10 @@ class LinearKernelConfig:
     # 1 until an H200 run says more splits pay (docs/benchmarks.md; `benchmarks/bench_runner.py
     # --linear out_split_k=4` measures it)
     out_split_k: int = 1
+    # K splits of the MoE block's router GEMM (the router with the rows fused after it), whose
+    # partials `route_topk_partials` adds (`hybridspec.patches.common.moe_verify`); 1: one
+    # `small_linear` and `route_topk`. 1 until an H200 run says more pay (`--linear router_split_k=4`)
+    router_split_k: int = 1
 
 
 KERNEL_CONFIG = LinearKernelConfig()

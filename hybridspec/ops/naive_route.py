@@ -22,3 +22,16 @@ def route_topk(logits: torch.Tensor, k: int, normalize: bool = True) -> tuple[to
     if normalize:
         values = values / values.sum(dim=-1, keepdim=True)
     return values.to(logits.dtype), ids
+
+
+def route_topk_partials(partials: torch.Tensor, experts: int, k: int, normalize: bool,
+                        dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`partials` `[S, R, N]` fp32 split-K sums of the router's GEMM (its `experts` columns first);
+    their sum in the order s = 0, 1, ..., rounded to `dtype`, routed as `route_topk`; the columns
+    past `experts` returned rounded the same way: (weights, ids, rest `[R, N - experts]`)."""
+    total = partials[0]
+    for s in range(1, partials.shape[0]):
+        total = total + partials[s]
+    logits = total.to(dtype)
+    weights, ids = route_topk(logits[:, :experts], k, normalize)
+    return weights, ids, logits[:, experts:].contiguous()

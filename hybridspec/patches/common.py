@@ -12,8 +12,9 @@ from transformers.activations import ACT2FN
 
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
-from hybridspec.fused import fused_weight, plain_unsharded, project
-from hybridspec.ops import decode_attention, gdn_verify, route_topk, small_linear
+from hybridspec.fused import fused_rows, fused_weight, plain_unsharded, project
+from hybridspec.ops import decode_attention, gdn_verify, route_topk, route_topk_partials, small_linear, small_linear_partials
+from hybridspec.ops import linear as linear_ops
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.split_projection import split_out_projection
@@ -93,7 +94,10 @@ def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> t
     router's softmax, top-k and renormalisation (`route_logits`)."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
-    if logits is not None:
+    split = split_route(family, mlp, flat, take=1) if logits is None else None
+    if split is not None:
+        ids, weights, _ = split
+    elif logits is not None:
         weights, ids = route_logits(family, mlp.gate, logits)
     elif isinstance(mlp.gate.weight, parallel.DTensor) or type(mlp.gate) not in family.ROUTERS:
         # a router under a tensor-parallel plan, or one the family does not know (replaced by the
@@ -104,6 +108,29 @@ def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> t
     else:
         weights, ids = route_logits(family, mlp.gate, moe_gemm(flat, mlp.gate.weight))
     return ids.view(B, w, -1), weights.view(B, w, -1)
+
+
+def split_route(family, mlp, flat: torch.Tensor, take: int | None) -> tuple | None:
+    """The block's router GEMM as `LinearKernelConfig.router_split_k` split-K partial sums over its
+    fused rows (`fused_rows(..., take=take)`: the router's, then the rows fused after it), routed by
+    `route_topk_partials`, which adds them: `(ids, weights, rest)` with `rest` the outputs of the
+    linears after the router (`project`'s, from the same sums). The router's GEMM then spreads over
+    `router_split_k` times as many programs, and the reduction costs no launch. None where that is off
+    (`router_split_k` 1), the block is not fused, the router is not one the family knows, or the
+    kernels would not take the inputs (no kernel device, an autograd graph, more than 64 rows)."""
+    splits = linear_ops.KERNEL_CONFIG.router_split_k
+    if splits <= 1 or type(mlp.gate) not in family.ROUTERS:
+        return None
+    rows = fused_rows(mlp, "moe", moe_linears(mlp), take=take)
+    if rows is None:
+        return None
+    weight, sizes = rows
+    if sizes[0] > MAX_EXPERTS or not fits(flat, weight):
+        return None
+    partials = small_linear_partials(flat, weight, splits)
+    weights, ids, rest = route_topk_partials(partials, sizes[0], mlp.gate.top_k,
+                                             normalize=family.router_normalizes(mlp.gate), dtype=flat.dtype)
+    return ids, weights, list(rest.split(sizes[1:], dim=-1)[:-1])
 
 
 def route_logits(family, router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -271,9 +298,16 @@ def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
     # experts op does not run it
     ninth = shared_as_expert(mlp)
     take = None if ninth is None else 2
-    fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, x.shape[-1]), gemm=moe_gemm, take=take)
-    logits, shared_in = (fused[0], fused[1:]) if fused is not None else (None, None)
-    ids, weights = route(family, mlp, x, logits)
+    flat = x.reshape(-1, x.shape[-1])
+    split = split_route(family, mlp, flat, take)
+    if split is not None:
+        ids, weights, shared_in = split
+        B, w, _ = x.shape
+        ids, weights = ids.view(B, w, -1), weights.view(B, w, -1)
+    else:
+        fused = project(mlp, "moe", moe_linears(mlp), flat, gemm=moe_gemm, take=take)
+        logits, shared_in = (fused[0], fused[1:]) if fused is not None else (None, None)
+        ids, weights = route(family, mlp, x, logits)
     if routing is not None:
         routing.append(ids)
     return _moe_apply(mlp, x, ids, weights, num_tokens, shared_in, ninth)

@@ -3,6 +3,7 @@ run eagerly: on the CPU, or with `enforce_eager=True`."""
 
 from __future__ import annotations
 
+import gc
 from typing import Callable
 
 import torch
@@ -28,6 +29,11 @@ class CapturedStep:
                 for _ in range(WARMUP_RUNS):
                     fn()
             torch.cuda.current_stream(device).wait_stream(side)
+            # a runner the caller dropped lives on in a reference cycle (its step holds its bound
+            # method) until the collector runs; if that happens inside this capture, freeing its graph
+            # invalidates the capture ("operation failed due to a previous error during capture"), and
+            # torch.cuda.graph no longer collects on entry: collect here, outside the capture
+            gc.collect()
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=pool):
                 fn()

@@ -275,21 +275,33 @@ def test_partials_real_shapes(M, dtype):
     assert_rel(got.sum(0).to(dtype), F.linear(x, w), TOL[dtype], "vs F.linear")
 
 
+@pytest.mark.parametrize("split", ["out", "router"])
 @pytest.mark.parametrize("family_model", ["qwen35", "qwen3_next"])
-def test_verification_with_split_out_projections(device, monkeypatch, family_model):
-    """A verified block through the kernels with every mixer's output projection split 4 ways gives
-    the hidden states the default path gives, and transformers' (fp32 tiny models): one partials
-    launch per decoder layer."""
+def test_verification_with_split_out_projections(device, monkeypatch, family_model, split):
+    """A verified block through the kernels with every mixer's output projection split 4 ways
+    ("out": one partials launch per decoder layer), or every MoE block's router GEMM split 4 ways
+    and added by `route_topk_partials` ("router": one such launch per sparse block), gives the
+    hidden states the default path gives, and transformers' (fp32 tiny models)."""
     from transformers import DynamicCache
 
     from hybridspec.patches import family_of
+    from hybridspec.patches.common import is_sparse_moe
     from hybridspec.patches.forward import allocate_state, verify_forward
+    from hybridspec.patches.fusion import fuse_model
     from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm
 
     build = qwen35_causal_lm if family_model == "qwen35" else qwen3_next_causal_lm
     model = build(seed=14).to(device)
     family = family_of(model)
-    layers = family.text_config(model).num_hidden_layers
+    # the router's split runs over the block's fused weight (as a Target fuses on construction)
+    fuse_model(family, model)
+    if split == "out":
+        config, launch = linear_ops.LinearKernelConfig(out_split_k=4), "small_linear_partials"
+        layers = family.text_config(model).num_hidden_layers
+    else:
+        config, launch = linear_ops.LinearKernelConfig(router_split_k=4), "route_topk_partials"
+        layers = sum(is_sparse_moe(layer.mlp) for layer in family.text_model(model).layers)
+        assert layers >= 2
     g = torch.Generator().manual_seed(15)
     prompt, block = (torch.randint(0, VOCAB, (1, n), generator=g).to(device) for n in (7, 5))
     with torch.no_grad():
@@ -297,12 +309,35 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
         model(prompt, use_cache=True, past_key_values=cache)
         state = allocate_state(family, model, cache, 32)
         plain, _ = verify_forward(family, model, block, state)
-        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4))
-        with expect_launch("small_linear_partials", layers):
-            split, _ = verify_forward(family, model, block, state)
+        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", config)
+        with expect_launch(launch, layers):
+            got, _ = verify_forward(family, model, block, state)
         full = model(torch.cat([prompt, block], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
-    assert_rel(split.cpu(), plain.cpu(), 1e-5, "split vs default")
-    assert_rel(split.cpu(), full.cpu(), 1e-5, "split vs transformers")
+    assert_rel(got.cpu(), plain.cpu(), 1e-5, "split vs default")
+    assert_rel(got.cpu(), full.cpu(), 1e-5, "split vs transformers")
+
+
+def test_stage0_routes_split_router_as_the_default(device, monkeypatch):
+    """Stage 0's router alone (`route` without logits: the fused weight's router rows) split 4 ways
+    chooses the experts, with the weights, that the default path chooses."""
+    from hybridspec.patches import family_of
+    from hybridspec.patches.common import route
+    from hybridspec.patches.fusion import fuse_model
+    from tests.models import qwen35_causal_lm
+
+    model = qwen35_causal_lm(seed=17).to(device)
+    family = family_of(model)
+    fuse_model(family, model)
+    mlp = family.text_model(model).layers[0].mlp
+    y = torch.randn(1, 16, model.config.get_text_config().hidden_size, generator=torch.Generator().manual_seed(18)).to(device)
+    with torch.no_grad():
+        ids, weights = route(family, mlp, y)
+        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(router_split_k=4))
+        with expect_launch("route_topk_partials", 1):
+            split_ids, split_weights = route(family, mlp, y)
+    assert split_ids.shape == ids.shape == (1, 16, mlp.gate.top_k)
+    assert torch.equal(split_ids, ids)
+    assert_rel(split_weights.cpu(), weights.cpu(), 1e-5, "weights")
 
 
 def test_drafts_with_split_out_projections(device, monkeypatch):

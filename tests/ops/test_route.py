@@ -11,7 +11,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hybridspec.ops import naive_route, route_topk
+from hybridspec.ops import naive_route, route_topk, route_topk_partials
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
 
@@ -274,3 +274,132 @@ def test_same_experts_as_cuda_topk(E, k):
     differ = (per_expert != ref_per_expert).any(-1)
     assert differ.sum() <= 16384 // 1000, f"{int(differ.sum())} rows with another weight"
     assert_rel(per_expert, ref_per_expert, 2**-8, "weights")
+
+
+# route_topk_partials: the router's GEMM as split-K fp32 partial sums, added in the kernel
+
+
+@dataclass(frozen=True)
+class PartialsCase:
+    route: RouteCase
+    # splits, and columns past the experts (the block's other fused rows)
+    S: int
+    rest: int
+
+
+def make_partials(case: PartialsCase, device: str) -> torch.Tensor:
+    """`[S, R, E + rest]` fp32. Split 0 holds the route case's logits (its data kind, exactly: the
+    other splits are zero) except for "normal", whose logits are spread over every split."""
+    c = case.route
+    gen = torch.Generator().manual_seed(c.seed + 1)
+    parts = torch.zeros(case.S, c.R, c.E + case.rest)
+    parts[0, :, : c.E] = make_logits(RouteCase(c.R, c.E, c.k, torch.float32, c.normalize, c.data, c.seed), "cpu")
+    if c.data == "normal":
+        parts[1:, :, : c.E] = torch.randn(case.S - 1, c.R, c.E, generator=gen)
+    parts[:, :, c.E :] = torch.randn(case.S, c.R, case.rest, generator=gen)
+    return parts.to(device)
+
+
+@st.composite
+def partials_cases(draw):
+    return PartialsCase(route=draw(route_cases()), S=draw(st.integers(1, 6), label="S"),
+                        rest=draw(st.sampled_from([0, 1, 16, 200]), label="rest"))
+
+
+def _run_partials(case: PartialsCase, device: str):
+    parts = make_partials(case, device)
+    c = case.route
+    with expect_launch("route_topk_partials"):
+        got = route_topk_partials(parts, c.E, c.k, normalize=c.normalize, dtype=c.dtype)
+    ref_w, ref_ids, ref_rest = naive_route.route_topk_partials(parts.cpu(), c.E, c.k, c.normalize, c.dtype)
+    weights, ids, rest = (t.cpu() for t in got)
+    # the same fp32 sum in the same order, rounded once: the logits and the rest are the twin's bits
+    assert rest.dtype == c.dtype and rest.shape == (c.R, case.rest)
+    assert torch.equal(rest, ref_rest), "the columns past the experts differ from the twin's"
+    cpu = parts.cpu()
+    total = sum(cpu.unbind(0)[1:], cpu[0])  # s = 0, 1, ... in order, as the twin adds
+    check_against_naive(c, total[:, : c.E].to(c.dtype), (weights, ids))
+
+
+@settings(max_examples=20)
+@given(case=partials_cases())
+@example(case=PartialsCase(RouteCase(R=2, E=256, k=8, dtype=torch.bfloat16, normalize=True, data="normal", seed=0),
+                           S=4, rest=16))
+@example(case=PartialsCase(RouteCase(R=3, E=300, k=10, dtype=torch.float16, normalize=False, data="ties", seed=1),
+                           S=3, rest=1))
+@example(case=PartialsCase(RouteCase(R=1, E=1, k=1, dtype=torch.float32, normalize=True, data="normal", seed=2),
+                           S=1, rest=0))
+def test_partials_match_naive(device, case):
+    _run_partials(case, device)
+
+
+def test_partials_are_the_logits_op(device):
+    """Summed and rounded in the kernel, partials route exactly as `route_topk` routes the rounded
+    sum: the same ids and weights, bit for bit."""
+    case = PartialsCase(RouteCase(R=5, E=64, k=8, dtype=torch.bfloat16, normalize=True, data="normal", seed=3),
+                        S=4, rest=16)
+    parts = make_partials(case, device)
+    total = parts[0] + parts[1] + parts[2] + parts[3]
+    weights, ids, rest = route_topk_partials(parts, 64, 8, dtype=torch.bfloat16)
+    ref_w, ref_ids = route_topk(total[:, :64].to(torch.bfloat16).contiguous(), 8)
+    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_w)
+    assert torch.equal(rest, total[:, 64:].to(torch.bfloat16))
+
+
+def test_partials_opcheck(device):
+    case = PartialsCase(RouteCase(R=3, E=20, k=4, dtype=torch.float32, normalize=True, data="normal", seed=6), S=3, rest=5)
+    parts = make_partials(case, device)
+    op = torch.ops.hybridspec.route_topk_partials.default
+    torch.library.opcheck(op, (parts, 20, 4, True, torch.float32))
+    torch.library.opcheck(op, (parts, 20, 3, False, torch.bfloat16))
+    torch.library.opcheck(op, (parts[:, :, :20].contiguous(), 20, 3, False, torch.bfloat16))
+
+
+def test_partials_fullgraph_compile(device):
+    case = PartialsCase(RouteCase(R=5, E=24, k=4, dtype=torch.float32, normalize=True, data="normal", seed=7), S=2, rest=3)
+    parts = make_partials(case, device)
+
+    def router_tail(parts):
+        weights, ids, rest = route_topk_partials(parts * 2, 24, 4, dtype=torch.float32)
+        return weights * 3, ids + 1, rest.sigmoid()
+
+    eager = router_tail(parts)
+    compiled = torch.compile(router_tail, fullgraph=True)(parts)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e, c)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda p: (p[0], 20, 4), r"partials must be \[S, R, N\] with S, R, N >= 1, got \(3, 25\)"),
+        (lambda p: (p[:0], 20, 4), r"partials must be \[S, R, N\] with S, R, N >= 1, got \(0, 3, 25\)"),
+        (lambda p: (p.bfloat16(), 20, 4), "partials must be fp32, got torch.bfloat16"),
+        (lambda p: (p.transpose(1, 2).contiguous().transpose(1, 2), 20, 4), "contiguous in their last dim"),
+        (lambda p: (p, 26, 4), r"experts must be an int in 1..min\(N, 1024\) = 1..25, got 26"),
+        (lambda p: (p, 0, 4), r"experts must be an int in 1..min\(N, 1024\) = 1..25, got 0"),
+        (lambda p: (p, 20, 21), r"k must be an int with 1 <= k <= experts = 20, got 21"),
+        (lambda p: (p, 20, 4, torch.float64), "dtype must be fp32, bf16 or fp16, got torch.float64"),
+    ],
+)
+def test_partials_wrapper_validates(change, match):
+    parts = torch.randn(2, 3, 25)
+    parts = torch.cat([parts, parts[:1]])
+    args = change(parts)
+    kwargs = {"dtype": args[3]} if len(args) == 4 else {}
+    with pytest.raises(ValueError, match=match):
+        route_topk_partials(*args[:3], **kwargs)
+
+
+# the block's fused router rows: E = 256 + the shared gate, padded to 272; Qwen3-Next: 512 + 16
+GPU_PARTIAL_CASES = [
+    PartialsCase(RouteCase(R=R, E=E, k=k, dtype=torch.bfloat16, normalize=True, data=data, seed=R + S), S=S, rest=16)
+    for E, k in ((256, 8), (512, 10)) for R in (1, 16, 64) for S in (4, 8) for data in ("distinct", "normal")
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_PARTIAL_CASES,
+                         ids=lambda c: f"S{c.S}-R{c.route.R}-E{c.route.E}-{c.route.data}")
+def test_partials_real_shapes(case):
+    _run_partials(case, "cuda")

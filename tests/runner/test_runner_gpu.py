@@ -77,6 +77,30 @@ def test_captured_autoregressive_runner_equals_target_only():
 
 
 @pytest.mark.gpu
+def test_a_dropped_runner_does_not_break_the_next_capture():
+    """A runner dropped by its caller lives on in a reference cycle until the collector runs; with
+    the collector forced to run on nearly every allocation, a collection inside the next runner's
+    capture would free the old graph there and invalidate the capture (as happened in
+    `bench_runner.py --ar-split-k`). The capture collects first, so the second runner captures and
+    decodes what the first did."""
+    import gc
+
+    model = qwen35_causal_lm(seed=4).cuda()
+    first = Runner(model, capacity=256)
+    ref, _ = first.generate(PROMPT.cuda(), MAX_NEW)
+    del first
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        second = Runner(model, capacity=256)
+    finally:
+        gc.set_threshold(*threshold)
+    assert second.captured
+    out, _ = second.generate(PROMPT.cuda(), MAX_NEW)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
 def test_captured_fused_head_equals_target_only(build, monkeypatch):
     """`Runner(fused_head=True)` captured and compiled: the greedy argmax from `lm_head_top1`'s
@@ -103,27 +127,30 @@ def test_captured_fused_head_equals_target_only(build, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
 def test_captured_split_out_projections_equal_target_only(build, monkeypatch):
-    """`LinearKernelConfig.out_split_k = 4` (off by default): the target's mixers and the drafter's
-    layers run their output projections as split-K partials (`hybridspec.split_projection`),
-    captured and compiled; AR steps and rounds give target-only decoding's tokens on fp32 models."""
+    """`LinearKernelConfig(out_split_k=4, router_split_k=4)` (both off by default): the target's
+    mixers and the drafter's layers run their output projections as split-K partials
+    (`hybridspec.split_projection`), and the MoE blocks their router GEMMs (added by
+    `route_topk_partials`), captured and compiled; AR steps and rounds give target-only decoding's
+    tokens on fp32 models."""
     from hybridspec.ops import linear as linear_ops
     from hybridspec.ops.dispatch import launch_counts
     from hybridspec.policy import FixedPolicy
 
     model = build(seed=4).cuda()
     ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
-    monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4))
+    monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4, router_split_k=4))
     inner = tiny_drafter().cuda()
     inner.bind(model)
     drafter = DeviceReplayDrafter(inner, ref[0, PROMPT.shape[1]:], vocab_size=model.config.vocab_size)
     for spec in (None, drafter):
-        before = launch_counts["small_linear_partials"]
+        before = launch_counts["small_linear_partials"], launch_counts["route_topk_partials"]
         runner = Runner(model, spec, FixedPolicy("fixed", 8) if spec is not None else None, capacity=256)
         assert runner.captured
         out, _ = runner.generate(PROMPT.cuda(), MAX_NEW)
         assert torch.equal(out, ref)
-        # the projections went through the partials op (counted when traced and captured)
-        assert launch_counts["small_linear_partials"] > before
+        # the projections and routers went through the partials ops (counted when traced and captured)
+        assert launch_counts["small_linear_partials"] > before[0]
+        assert launch_counts["route_topk_partials"] > before[1]
 
 
 @pytest.mark.gpu
