@@ -46,14 +46,13 @@ class LinearKernelConfig:
     num_stages: int = 4
     # K splits of the output projections (the mixers' and the drafter's,
     # `hybridspec.split_projection.split_out_projection`) through `small_linear_partials`; 1: their
-    # modules (`F.linear`: cuBLAS, its own split-K and reduce kernel).
-    # 1 until an H200 run says more splits pay (docs/benchmarks.md; `benchmarks/bench_runner.py
-    # --linear out_split_k=4` measures it)
-    out_split_k: int = 1
+    # modules (`F.linear`: cuBLAS, its own split-K and reduce kernel). 4: the H200's best of 1, 2, 4
+    # and 8 (`benchmarks/bench_runner.py --ar-linear`; docs/benchmarks.md, "Split-K projections")
+    out_split_k: int = 4
     # K splits of the MoE block's router GEMM (the router with the rows fused after it), whose
     # partials `route_topk_partials` adds (`hybridspec.patches.common.moe_verify`); 1: one
-    # `small_linear` and `route_topk`. 1 until an H200 run says more pay (`--linear router_split_k=4`)
-    router_split_k: int = 1
+    # `small_linear` and `route_topk`. 4: as fast as 8 on the H200 and the best with out_split_k 4
+    router_split_k: int = 4
 
 
 KERNEL_CONFIG = LinearKernelConfig()

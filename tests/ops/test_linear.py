@@ -240,7 +240,7 @@ def test_partials_wrapper_validates(splits, match):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_out_projection(device, monkeypatch, dtype):
-    """Off by default (None: the caller runs the linear); with `out_split_k` set, one partials
+    """Off at `out_split_k` 1 (None: the caller runs the linear); with it set, one partials
     launch whose sum is the linear's output, eager and inside a fullgraph compile with a residual
     add after it; a linear with a bias (not `plain_unsharded`) is left to its caller."""
     from hybridspec.split_projection import split_out_projection
@@ -248,6 +248,7 @@ def test_split_out_projection(device, monkeypatch, dtype):
     torch.manual_seed(13)
     lin = torch.nn.Linear(80, 24, bias=False).to(device=device, dtype=dtype)
     x = torch.randn(2, 5, 80, device=device, dtype=dtype)
+    monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=1))
     assert split_out_projection(lin, x) is None
     monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4))
     with torch.no_grad():
@@ -275,6 +276,10 @@ def test_partials_real_shapes(M, dtype):
     assert_rel(got.sum(0).to(dtype), F.linear(x, w), TOL[dtype], "vs F.linear")
 
 
+# the path without either split (both on by default), the baseline of the split tests
+UNSPLIT = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=1)
+
+
 @pytest.mark.parametrize("split", ["out", "router"])
 @pytest.mark.parametrize("family_model", ["qwen35", "qwen3_next"])
 def test_verification_with_split_out_projections(device, monkeypatch, family_model, split):
@@ -296,10 +301,10 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
     # the router's split runs over the block's fused weight (as a Target fuses on construction)
     fuse_model(family, model)
     if split == "out":
-        config, launch = linear_ops.LinearKernelConfig(out_split_k=4), "small_linear_partials"
+        config, launch = linear_ops.LinearKernelConfig(out_split_k=4, router_split_k=1), "small_linear_partials"
         layers = family.text_config(model).num_hidden_layers
     else:
-        config, launch = linear_ops.LinearKernelConfig(router_split_k=4), "route_topk_partials"
+        config, launch = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=4), "route_topk_partials"
         layers = sum(is_sparse_moe(layer.mlp) for layer in family.text_model(model).layers)
         assert layers >= 2
     g = torch.Generator().manual_seed(15)
@@ -308,6 +313,7 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
         cache = DynamicCache(config=model.config)
         model(prompt, use_cache=True, past_key_values=cache)
         state = allocate_state(family, model, cache, 32)
+        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", UNSPLIT)
         plain, _ = verify_forward(family, model, block, state)
         monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", config)
         with expect_launch(launch, layers):
@@ -331,6 +337,7 @@ def test_stage0_routes_split_router_as_the_default(device, monkeypatch):
     mlp = family.text_model(model).layers[0].mlp
     y = torch.randn(1, 16, model.config.get_text_config().hidden_size, generator=torch.Generator().manual_seed(18)).to(device)
     with torch.no_grad():
+        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", UNSPLIT)
         ids, weights = route(family, mlp, y)
         monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(router_split_k=4))
         with expect_launch("route_topk_partials", 1):
@@ -356,6 +363,7 @@ def test_drafts_with_split_out_projections(device, monkeypatch):
         return drafter.propose(anchor)
 
     with torch.no_grad():
+        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", UNSPLIT)
         plain = draft()
         monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4))
         with expect_launch("small_linear_partials", 2 * len(drafter.layers)):

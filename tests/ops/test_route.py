@@ -361,7 +361,8 @@ def test_partials_fullgraph_compile(device):
 
     def router_tail(parts):
         weights, ids, rest = route_topk_partials(parts * 2, 24, 4, dtype=torch.float32)
-        return weights * 3, ids + 1, rest.sigmoid()
+        # exact ops after the kernel: inductor's sigmoid may differ from eager's in the last bit
+        return weights * 3, ids + 1, rest * 5
 
     eager = router_tail(parts)
     compiled = torch.compile(router_tail, fullgraph=True)(parts)

@@ -127,7 +127,7 @@ def test_captured_fused_head_equals_target_only(build, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
 def test_captured_split_out_projections_equal_target_only(build, monkeypatch):
-    """`LinearKernelConfig(out_split_k=4, router_split_k=4)` (both off by default): the target's
+    """`LinearKernelConfig(out_split_k=4, router_split_k=4)` (the default, set explicitly): the target's
     mixers and the drafter's layers run their output projections as split-K partials
     (`hybridspec.split_projection`), and the MoE blocks their router GEMMs (added by
     `route_topk_partials`), captured and compiled; AR steps and rounds give target-only decoding's
