@@ -8,10 +8,10 @@ its own (1.7 us of the 8.7 us an out projection takes at one row on the H200). H
 compiled layer that add, the rounding to the weights' dtype, the residual add and the norm after it
 are one inductor kernel, so the split costs no launch.
 
-`LinearKernelConfig.out_split_k` (hybridspec/ops/linear.py) is the number of splits; 1, the
-default, keeps every projection on its module (`F.linear`) until an H200 run says more pay
-(docs/benchmarks.md). The sum of the splits is fp32 in a fixed order, rounded once: another
-summation order than cuBLAS's, the same function.
+`LinearKernelConfig.out_split_k` (hybridspec/ops/linear.py) is the number of splits: 4 by default
+(the H200's best, docs/benchmarks.md); 1 keeps every projection on its module (`F.linear`). The sum
+of the splits is fp32 in a fixed order, rounded once: another summation order than cuBLAS's, the
+same function.
 """
 
 from __future__ import annotations
