@@ -94,7 +94,7 @@ def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> t
     router's softmax, top-k and renormalisation (`route_logits`)."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
-    split = split_route(family, mlp, flat, take=1) if logits is None else None
+    split = split_route(family, mlp, x, take=1) if logits is None else None
     if split is not None:
         ids, weights, _ = split
     elif logits is not None:
@@ -110,11 +110,12 @@ def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> t
     return ids.view(B, w, -1), weights.view(B, w, -1)
 
 
-def split_route(family, mlp, flat: torch.Tensor, take: int | None) -> tuple | None:
-    """The block's router GEMM as `LinearKernelConfig.router_split_k` split-K partial sums over its
-    fused rows (`fused_rows(..., take=take)`: the router's, then the rows fused after it), routed by
-    `route_topk_partials`, which adds them: `(ids, weights, rest)` with `rest` the outputs of the
-    linears after the router (`project`'s, from the same sums). The router's GEMM then spreads over
+def split_route(family, mlp, x: torch.Tensor, take: int | None) -> tuple | None:
+    """The block's router on `[B, w, H]` with its GEMM as `LinearKernelConfig.router_split_k` split-K
+    partial sums over its fused rows (`fused_rows(..., take=take)`: the router's, then the rows fused
+    after it), routed by `route_topk_partials`, which adds them: `(ids, weights, rest)`, ids and
+    weights `[B, w, k]`, `rest` the outputs of the linears after the router (`project`'s, from the
+    same sums). The router's GEMM then spreads over
     `router_split_k` times as many programs, and the reduction costs no launch. None where that is off
     (`router_split_k` 1), the block is not fused, the router is not one the family knows, or the
     kernels would not take the inputs (no kernel device, an autograd graph, more than 64 rows)."""
@@ -125,12 +126,14 @@ def split_route(family, mlp, flat: torch.Tensor, take: int | None) -> tuple | No
     if rows is None:
         return None
     weight, sizes = rows
+    B, w, H = x.shape
+    flat = x.reshape(-1, H)
     if sizes[0] > MAX_EXPERTS or not fits(flat, weight):
         return None
     partials = small_linear_partials(flat, weight, splits)
     weights, ids, rest = route_topk_partials(partials, sizes[0], mlp.gate.top_k,
-                                             normalize=family.router_normalizes(mlp.gate), dtype=flat.dtype)
-    return ids, weights, list(rest.split(sizes[1:], dim=-1)[:-1])
+                                             normalize=family.router_normalizes(mlp.gate), dtype=x.dtype)
+    return ids.view(B, w, -1), weights.view(B, w, -1), list(rest.split(sizes[1:], dim=-1)[:-1])
 
 
 def route_logits(family, router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,14 +301,11 @@ def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
     # experts op does not run it
     ninth = shared_as_expert(mlp)
     take = None if ninth is None else 2
-    flat = x.reshape(-1, x.shape[-1])
-    split = split_route(family, mlp, flat, take)
+    split = split_route(family, mlp, x, take)
     if split is not None:
         ids, weights, shared_in = split
-        B, w, _ = x.shape
-        ids, weights = ids.view(B, w, -1), weights.view(B, w, -1)
     else:
-        fused = project(mlp, "moe", moe_linears(mlp), flat, gemm=moe_gemm, take=take)
+        fused = project(mlp, "moe", moe_linears(mlp), x.reshape(-1, x.shape[-1]), gemm=moe_gemm, take=take)
         logits, shared_in = (fused[0], fused[1:]) if fused is not None else (None, None)
         ids, weights = route(family, mlp, x, logits)
     if routing is not None:
