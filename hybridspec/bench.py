@@ -327,13 +327,14 @@ def resolve_sizes(args) -> None:
 
 
 # `hybridspec bench` options that set a `LinearKernelConfig` field for the run
-SPLIT_OPTIONS = ("out_split_k", "router_split_k")
+SPLIT_OPTIONS = ("out_split_k", "router_split_k", "in_split_k")
 
 
 def run(args) -> dict:
-    """The bench (arguments: `hybridspec.cli`); with `--out-split-k` / `--router-split-k`, under
-    that many splits of the output projections / the MoE router GEMMs (`LinearKernelConfig`), set
-    before anything compiles and restored after."""
+    """The bench (arguments: `hybridspec.cli`); with `--out-split-k` / `--router-split-k` /
+    `--in-split-k`, under that many splits of the output projections / the MoE router GEMMs / the
+    mixers' input projections (`LinearKernelConfig`), set before anything compiles and restored
+    after."""
     changes = {name: getattr(args, name) for name in SPLIT_OPTIONS if getattr(args, name, None) is not None}
     if not changes:
         return _run(args)
@@ -447,6 +448,7 @@ def _run(args) -> dict:
         cpu_threads=torch.get_num_threads() if device.type == "cpu" else None,
         versions=runtime_versions(), fla_importable=importlib.util.find_spec("fla") is not None,
         out_split_k=linear_ops.KERNEL_CONFIG.out_split_k, router_split_k=linear_ops.KERNEL_CONFIG.router_split_k,
+        in_split_k=linear_ops.KERNEL_CONFIG.in_split_k,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), repeats=repeats, noisy_spread=NOISY_SPREAD,
         batch_size=B, tokens_per_s_over="the batch (every row's tokens)" if B > 1 else "the request",
         prompts=len(eval_prompts), prompt_tokens=[p.shape[1] for p in eval_prompts], max_new_tokens=new,

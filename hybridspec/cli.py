@@ -125,6 +125,10 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="run each MoE block's router GEMM as this many split-K partial sums, added by the routing "
                         "kernel (hybridspec.ops.linear.KERNEL_CONFIG.router_split_k; default: the library's, 1: one "
                         "GEMM); recorded in bench.json")
+    p.add_argument("--in-split-k", type=int, default=None, choices=range(1, 17), metavar="{1..16}",
+                   help="run the target mixers' fused input projections as this many split-K partial sums "
+                        "(hybridspec.ops.linear.KERNEL_CONFIG.in_split_k; default: the library's, 1: cuBLAS); "
+                        "recorded in bench.json")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Output projections as split-K partial sums that their consumer adds.
+"""Output projections (and, opt-in, the mixers' input projections) as split-K partial sums that
+their consumer adds.
 
 A layer's output projection (a GDN mixer's `out_proj`, an attention mixer's `o_proj`, the
 drafter's `o_proj` and MLP `down_proj`) maps a wide input (K = 4096 to 6144 at the 35B-A3B shape)
@@ -12,11 +13,18 @@ are one inductor kernel, so the split costs no launch.
 (the H200's best, docs/benchmarks.md); 1 keeps every projection on its module (`F.linear`). The sum
 of the splits is fp32 in a fixed order, rounded once: another summation order than cuBLAS's, the
 same function.
+
+`split_in_gemm` does the same for a mixer's fused input projection (GDN `in`, attention `qkv`:
+`LinearKernelConfig.in_split_k`, 1 by default, so cuBLAS). cuBLAS tiles the GDN one (12,352 x 2,048
+at the 35B-A3B shape) into 97 tiles of 128 rows, fewer than the H200's 132 SMs (16.3 us against an
+11.9 us bound at one row); split K ways, the sum fuses into the conv, gates and norm that read it.
+Not yet measured on a GPU (`benchmarks/bench_runner.py --ar-linear "in_split_k=2;in_split_k=4"`).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from hybridspec.fused import plain_unsharded
 from hybridspec.ops import linear as linear_ops
@@ -37,3 +45,14 @@ def split_out_projection(linear, x: torch.Tensor) -> torch.Tensor | None:
     if not fits(flat, linear.weight):
         return None
     return small_linear_partials(flat, linear.weight, splits).sum(0).to(x.dtype).view(*x.shape[:-1], -1)
+
+
+def split_in_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, weight)` for a mixer's fused input projection (`project(..., gemm=split_in_gemm)`),
+    as `KERNEL_CONFIG.in_split_k` split-K partial sums added here in fp32 and rounded once to x's
+    dtype; `F.linear` where that is off (`in_split_k` 1) or `small_linear` would not take the inputs."""
+    splits = linear_ops.KERNEL_CONFIG.in_split_k
+    flat = x.reshape(-1, x.shape[-1])
+    if splits <= 1 or not fits(flat, weight):
+        return F.linear(x, weight)
+    return small_linear_partials(flat, weight, splits).sum(0).to(x.dtype).view(*x.shape[:-1], -1)

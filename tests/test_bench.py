@@ -156,7 +156,7 @@ def test_tiny_bench_end_to_end(tmp_path):
 
 
 def test_split_options_hold_for_the_run_only(monkeypatch):
-    """`hybridspec bench --out-split-k N --router-split-k M` set `LinearKernelConfig`'s fields for its
+    """`hybridspec bench --out-split-k / --router-split-k / --in-split-k` set `LinearKernelConfig`'s fields for its
     run (before anything compiles) and restore the library's after; without them the config is left
     alone."""
     import argparse
@@ -167,12 +167,14 @@ def test_split_options_hold_for_the_run_only(monkeypatch):
 
     seen = []
     monkeypatch.setattr(bench, "_run", lambda args: seen.append(
-        (linear.KERNEL_CONFIG.out_split_k, linear.KERNEL_CONFIG.router_split_k)) or {})
+        (linear.KERNEL_CONFIG.out_split_k, linear.KERNEL_CONFIG.router_split_k, linear.KERNEL_CONFIG.in_split_k)) or {})
     before = linear.KERNEL_CONFIG
-    args = build_parser().parse_args(["bench", "--tiny", "--out-split-k", "4"])
-    assert args.out_split_k == 4 and args.router_split_k is None
+    args = build_parser().parse_args(["bench", "--tiny", "--out-split-k", "3"])
+    assert args.out_split_k == 3 and args.router_split_k is None and args.in_split_k is None
     bench.run(args)
-    bench.run(build_parser().parse_args(["bench", "--tiny", "--out-split-k", "2", "--router-split-k", "8"]))
-    assert seen == [(4, before.router_split_k), (2, 8)] and linear.KERNEL_CONFIG is before
+    bench.run(build_parser().parse_args(["bench", "--tiny", "--out-split-k", "2", "--router-split-k", "8",
+                                         "--in-split-k", "5"]))
+    assert seen == [(3, before.router_split_k, before.in_split_k), (2, 8, 5)] and linear.KERNEL_CONFIG is before
     bench.run(argparse.Namespace())
-    assert seen[-1] == (before.out_split_k, before.router_split_k) and linear.KERNEL_CONFIG is before
+    assert seen[-1] == (before.out_split_k, before.router_split_k, before.in_split_k)
+    assert linear.KERNEL_CONFIG is before

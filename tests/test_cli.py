@@ -82,7 +82,7 @@ def test_subcommands_run_lazily_from_the_registry(monkeypatch):
 
 @pytest.mark.parametrize("argv", [["bench", "--tiny", "--repeats", "1"], ["bench", "--tiny", "--num-prompts", "0"],
                                   ["bench", "--tiny", "--out-split-k", "17"], ["bench", "--tiny", "--out-split-k", "0"],
-                                  ["bench", "--tiny", "--router-split-k", "17"],
+                                  ["bench", "--tiny", "--router-split-k", "17"], ["bench", "--tiny", "--in-split-k", "0"],
                                   ["calibrate", "--target", "t", "--drafter", "d", "--prompts", "p", "--out", "o",
                                    "--lengths", "2,x"]])
 def test_bad_arguments_stop_at_parsing(argv, capsys):

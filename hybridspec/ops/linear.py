@@ -53,6 +53,9 @@ class LinearKernelConfig:
     # partials `route_topk_partials` adds (`hybridspec.patches.common.moe_verify`); 1: one
     # `small_linear` and `route_topk`. 4: as fast as 8 on the H200 and the best with out_split_k 4
     router_split_k: int = 4
+    # K splits of the mixers' fused input projections (`hybridspec.split_projection.split_in_gemm`);
+    # 1: cuBLAS. Not yet measured on a GPU, so off
+    in_split_k: int = 1
 
 
 KERNEL_CONFIG = LinearKernelConfig()

@@ -17,7 +17,7 @@ from hybridspec.ops import decode_attention, gdn_verify, route_topk, route_topk_
 from hybridspec.ops import linear as linear_ops
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
-from hybridspec.split_projection import split_out_projection
+from hybridspec.split_projection import split_in_gemm, split_out_projection
 from hybridspec.state import GDNSlot
 
 
@@ -63,7 +63,7 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     hidden_shape = (B, w, -1, mod.head_dim)
     linears = (mod.q_proj, mod.k_proj, mod.v_proj)
     # one GEMM over the fused weight (hybridspec.fused); sharded, each rank's heads
-    qg, k, v = project(mod, "qkv", linears, x) or [parallel.column(lin, x, gather=False) for lin in linears]
+    qg, k, v = project(mod, "qkv", linears, x, gemm=split_in_gemm) or [parallel.column(lin, x, gather=False) for lin in linears]
     q, gate = torch.chunk(qg.reshape(B, w, -1, mod.head_dim * 2), 2, dim=-1)
     q = mod.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
     k = mod.k_norm(k.reshape(hidden_shape)).transpose(1, 2)

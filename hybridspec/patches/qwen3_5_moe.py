@@ -9,6 +9,7 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
 from hybridspec import parallel
 from hybridspec.fused import project
 from hybridspec.patches.common import conv_verify, gdn_core
+from hybridspec.split_projection import split_in_gemm
 from hybridspec.state import GDNSlot
 
 MODEL_TYPES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
@@ -45,7 +46,7 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     linears = tuple(getattr(mod, name) for name in GDN_PROJECTIONS)
     # one GEMM over the fused weight (hybridspec.fused); sharded, transformers' plan gathers the
     # projections' outputs (one all-gather for the four here), so every rank runs the whole GDN core
-    qkv, z, b, a = project(mod, "in", linears, x) or parallel.columns_gathered(linears, x)
+    qkv, z, b, a = project(mod, "in", linears, x, gemm=split_in_gemm) or parallel.columns_gathered(linears, x)
     # [B, w, C], contiguous in C for the ops
     mixed = conv_verify(mod, qkv.transpose(1, 2), slot).transpose(1, 2).contiguous()
     q, k, v = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)

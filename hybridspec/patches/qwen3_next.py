@@ -9,6 +9,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as modeling
 from hybridspec import parallel
 from hybridspec.fused import project
 from hybridspec.patches.common import conv_verify, gdn_core
+from hybridspec.split_projection import split_in_gemm
 from hybridspec.state import GDNSlot
 
 MODEL_TYPES = ("Qwen3NextForCausalLM",)
@@ -41,7 +42,7 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     B, w, _ = x.shape
     # gathered projections (transformers' plan): every rank runs the whole GDN core
     linears = tuple(getattr(mod, name) for name in GDN_PROJECTIONS)
-    qkvz, ba = project(mod, "in", linears, x) or parallel.columns_gathered(linears, x)
+    qkvz, ba = project(mod, "in", linears, x, gemm=split_in_gemm) or parallel.columns_gathered(linears, x)
     q, k, v, z, b, a = mod.fix_query_key_value_ordering(qkvz, ba)
     mixed = torch.cat([t.reshape(B, w, -1) for t in (q, k, v)], dim=-1).transpose(1, 2)
     # [B, w, C], contiguous in C for the ops

@@ -5,7 +5,7 @@ mixers and the drafter's layers)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -277,16 +277,17 @@ def test_partials_real_shapes(M, dtype):
 
 
 # the path without either split (both on by default), the baseline of the split tests
-UNSPLIT = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=1)
+UNSPLIT = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=1, in_split_k=1)
 
 
-@pytest.mark.parametrize("split", ["out", "router"])
+@pytest.mark.parametrize("split", ["out", "router", "in"])
 @pytest.mark.parametrize("family_model", ["qwen35", "qwen3_next"])
 def test_verification_with_split_out_projections(device, monkeypatch, family_model, split):
     """A verified block through the kernels with every mixer's output projection split 4 ways
-    ("out": one partials launch per decoder layer), or every MoE block's router GEMM split 4 ways
-    and added by `route_topk_partials` ("router": one such launch per sparse block), gives the
-    hidden states the default path gives, and transformers' (fp32 tiny models)."""
+    ("out": one partials launch per decoder layer), every mixer's fused input projection split 4
+    ways ("in": the same), or every MoE block's router GEMM split 4 ways and added by
+    `route_topk_partials` ("router": one such launch per sparse block), gives the hidden states the
+    unsplit path gives, and transformers' (fp32 tiny models)."""
     from transformers import DynamicCache
 
     from hybridspec.patches import family_of
@@ -300,11 +301,11 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
     family = family_of(model)
     # the router's split runs over the block's fused weight (as a Target fuses on construction)
     fuse_model(family, model)
-    if split == "out":
-        config, launch = linear_ops.LinearKernelConfig(out_split_k=4, router_split_k=1), "small_linear_partials"
-        layers = family.text_config(model).num_hidden_layers
+    if split in ("out", "in"):
+        config = replace(UNSPLIT, **{f"{split}_split_k": 4})
+        launch, layers = "small_linear_partials", family.text_config(model).num_hidden_layers
     else:
-        config, launch = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=4), "route_topk_partials"
+        config, launch = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=4, in_split_k=1), "route_topk_partials"
         layers = sum(is_sparse_moe(layer.mlp) for layer in family.text_model(model).layers)
         assert layers >= 2
     g = torch.Generator().manual_seed(15)

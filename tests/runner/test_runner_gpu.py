@@ -127,18 +127,18 @@ def test_captured_fused_head_equals_target_only(build, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
 def test_captured_split_out_projections_equal_target_only(build, monkeypatch):
-    """`LinearKernelConfig(out_split_k=4, router_split_k=4)` (the default, set explicitly): the target's
-    mixers and the drafter's layers run their output projections as split-K partials
-    (`hybridspec.split_projection`), and the MoE blocks their router GEMMs (added by
-    `route_topk_partials`), captured and compiled; AR steps and rounds give target-only decoding's
-    tokens on fp32 models."""
+    """`LinearKernelConfig(out_split_k=4, router_split_k=4, in_split_k=4)` (the first two the
+    default): the target's mixers and the drafter's layers run their output projections as split-K
+    partials (`hybridspec.split_projection`), the target's mixers their fused input projections too,
+    and the MoE blocks their router GEMMs (added by `route_topk_partials`), captured and compiled; AR
+    steps and rounds give target-only decoding's tokens on fp32 models."""
     from hybridspec.ops import linear as linear_ops
     from hybridspec.ops.dispatch import launch_counts
     from hybridspec.policy import FixedPolicy
 
     model = build(seed=4).cuda()
     ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
-    monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4, router_split_k=4))
+    monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(out_split_k=4, router_split_k=4, in_split_k=4))
     inner = tiny_drafter().cuda()
     inner.bind(model)
     drafter = DeviceReplayDrafter(inner, ref[0, PROMPT.shape[1]:], vocab_size=model.config.vocab_size)
