@@ -35,6 +35,7 @@ Side by side in one run:
     python benchmarks/bench_runner.py --skip-hf --only-ar --linear block_n=32   # small_linear's tiles
     python benchmarks/bench_runner.py --skip-hf --only-ar --linear out_split_k=4   # split-K output projections
     python benchmarks/bench_runner.py --skip-hf --only-ar --ar-linear 'out_split_k=4;router_split_k=4'   # each in one process
+    python benchmarks/bench_runner.py --skip-hf --only-ar --ar-moe 'gate_up_block_i=32;down_block_h=32'   # MoE tiles, likewise
     python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
     python benchmarks/bench_runner.py --skip-hf --only-round-kernels   # every kernel of one whole round, w = 1 and 16
 """
@@ -491,50 +492,58 @@ def _assignments(text: str) -> list[tuple[str, str]]:
     return [tuple(item.partition("=")[::2]) for item in text.split(",") if item]
 
 
-def linear_variants(text: str) -> list[dict]:
-    """`--ar-linear "out_split_k=4;router_split_k=4;out_split_k=4,router_split_k=4"` -> one dict of
-    `LinearKernelConfig` fields (ints) per `;`-separated variant; an unknown field, a non-integer
-    value or a split count outside 1..16 stops the run before anything is built."""
+def _config_module(kind: str):
+    """The module whose `KERNEL_CONFIG` a variant of this kind changes."""
+    from hybridspec.ops import linear, moe
+
+    return {"linear": linear, "moe": moe}[kind]
+
+
+def config_variants(text: str, kind: str = "linear") -> list[tuple[str, dict]]:
+    """`--ar-linear "out_split_k=4;router_split_k=4;out_split_k=4,router_split_k=4"` (kind "linear":
+    `LinearKernelConfig`) or `--ar-moe "gate_up_block_i=32;down_block_h=32"` (kind "moe":
+    `MoEKernelConfig`) -> one `(kind, fields)` per `;`-separated variant, the fields ints; an unknown
+    field, a non-integer value or a split count outside 1..16 stops the run before anything is built."""
     from dataclasses import asdict
 
     from hybridspec.ops import linear
 
-    fields = asdict(linear.KERNEL_CONFIG)
+    option = f"--ar-{kind}"
+    fields = asdict(_config_module(kind).KERNEL_CONFIG)
     variants = []
     for part in (p for p in text.split(";") if p):
         changes = {}
         for name, value in _assignments(part):
             if name not in fields:
-                raise SystemExit(f"--ar-linear: LinearKernelConfig has no field {name!r}")
+                raise SystemExit(f"{option}: {type(_config_module(kind).KERNEL_CONFIG).__name__} has no field {name!r}")
             try:
                 changes[name] = int(value)
             except ValueError:
-                raise SystemExit(f"--ar-linear: {name} must be an integer, got {value!r}") from None
+                raise SystemExit(f"{option}: {name} must be an integer, got {value!r}") from None
             if name.endswith("_split_k") and not 1 <= changes[name] <= linear.MAX_SPLITS:
-                raise SystemExit(f"--ar-linear: {name} must be in 1..{linear.MAX_SPLITS}, got {changes[name]}")
-        variants.append(changes)
+                raise SystemExit(f"{option}: {name} must be in 1..{linear.MAX_SPLITS}, got {changes[name]}")
+        variants.append((kind, changes))
     return variants
 
 
-def ar_variants(model, prompt, new, variants: list[dict], reference: torch.Tensor) -> list[dict]:
-    """The AR step under each variant of the linear kernels' config (`LinearKernelConfig` fields
-    over this run's config: split-K output projections and router GEMMs), in this process one after
-    another, the library's config restored after; whether each decodes the tokens `reference` holds
-    (bf16 random weights are near-tied, so a differing token is rounding, and the fp32 GPU tests
-    decide exactness)."""
+def ar_variants(model, prompt, new, variants: list[tuple[str, dict]], reference: torch.Tensor) -> list[dict]:
+    """The AR step under each variant of a kernel config (`LinearKernelConfig` fields over this run's
+    config: split-K output projections, router GEMMs and input projections; or `MoEKernelConfig`
+    tiles), in this process one after another, the library's configs restored after; whether each
+    decodes the tokens `reference` holds (bf16 random weights are near-tied, so a differing token is
+    rounding, and the fp32 GPU tests decide exactness)."""
     from dataclasses import replace
 
-    from hybridspec.ops import linear
-
-    saved = linear.KERNEL_CONFIG
     rows = []
-    try:
-        for changes in variants:
-            linear.KERNEL_CONFIG = replace(saved, **changes)
+    for kind, changes in variants:
+        module = _config_module(kind)
+        saved = module.KERNEL_CONFIG
+        try:
+            module.KERNEL_CONFIG = replace(saved, **changes)
             ms, _, out, _ = our_ar(model, prompt, new)
-            rows.append(dict(variant=changes, ms_per_token=ms, same_tokens=bool(torch.equal(out, reference))))
-    finally:
-        linear.KERNEL_CONFIG = saved
+        finally:
+            module.KERNEL_CONFIG = saved
+        rows.append(dict(kind=kind, variant=changes, ms_per_token=ms, same_tokens=bool(torch.equal(out, reference))))
     return rows
 
 
@@ -602,10 +611,13 @@ def main() -> None:
                         help="after the AR row, the AR step again under each of these ';'-separated variants of "
                              "--linear, e.g. 'out_split_k=4;router_split_k=4;out_split_k=4,router_split_k=4' "
                              "(one process, same weights)")
+    parser.add_argument("--ar-moe", default="",
+                        help="after the AR row (and any --ar-linear variants), the AR step under each of these "
+                             "';'-separated MoEKernelConfig variants, e.g. 'gate_up_block_i=32;down_block_h=32'")
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
     linear_cfg = linear_config(args.linear)
-    variants = linear_variants(args.ar_linear)
+    variants = config_variants(args.ar_linear, "linear") + config_variants(args.ar_moe, "moe")
     global COMPILE, FUSED_HEAD
     COMPILE = not args.no_compile
     FUSED_HEAD = args.fused_head
@@ -637,10 +649,10 @@ def main() -> None:
           f"{ar_bound_ms:.3f} ms; host {ar_host_us:.1f} us/token; compile+capture+runs {ar_setup:.0f} s")
     continuation = ar_out[0, args.prompt:]
     if variants:
-        result["ar_linear"] = ar_variants(model, prompt, args.new, variants, ar_out)
-        print_table(["linear variant", "AR ms/token", "same tokens as the AR row"],
-                    [[",".join(f"{k}={v}" for k, v in r["variant"].items()) or "(as run)", r["ms_per_token"],
-                      r["same_tokens"]] for r in result["ar_linear"]])
+        result["ar_variants"] = ar_variants(model, prompt, args.new, variants, ar_out)
+        print_table(["config variant", "AR ms/token", "same tokens as the AR row"],
+                    [[r["kind"] + ": " + (",".join(f"{k}={v}" for k, v in r["variant"].items()) or "(as run)"),
+                      r["ms_per_token"], r["same_tokens"]] for r in result["ar_variants"]])
     if args.only_ar:
         write_json(Path(args.out) / "runner.json", result)
         return

@@ -92,15 +92,19 @@ def test_the_split_is_divided_by_each_parts_bound():
     assert rows[0][2 + BOUND_PARTS.index("gdn")] == 2.0 / bounds["1"]["gdn"]
 
 
-def test_linear_variants_are_parsed_and_checked():
-    from benchmarks.bench_runner import linear_variants
+def test_config_variants_are_parsed_and_checked():
+    from benchmarks.bench_runner import config_variants
 
-    assert linear_variants("out_split_k=4;router_split_k=8;out_split_k=2,router_split_k=2;") == [
-        {"out_split_k": 4}, {"router_split_k": 8}, {"out_split_k": 2, "router_split_k": 2}]
-    assert linear_variants("") == [] and linear_variants("block_n=32") == [{"block_n": 32}]
-    for bad, match in (("out_split_k=0", r"out_split_k must be in 1..16, got 0"),
-                       ("router_split_k=17", r"router_split_k must be in 1..16, got 17"),
-                       ("out_split_k=x", "out_split_k must be an integer, got 'x'"),
-                       ("out_split_k=2;nope=1", "LinearKernelConfig has no field 'nope'")):
+    assert config_variants("out_split_k=4;router_split_k=8;out_split_k=2,router_split_k=2;", "linear") == [
+        ("linear", {"out_split_k": 4}), ("linear", {"router_split_k": 8}),
+        ("linear", {"out_split_k": 2, "router_split_k": 2})]
+    assert config_variants("", "linear") == [] and config_variants("block_n=32") == [("linear", {"block_n": 32})]
+    assert config_variants("gate_up_block_i=32;down_block_h=16,num_stages=2", "moe") == [
+        ("moe", {"gate_up_block_i": 32}), ("moe", {"down_block_h": 16, "num_stages": 2})]
+    for bad, kind, match in (("out_split_k=0", "linear", r"--ar-linear: out_split_k must be in 1..16, got 0"),
+                             ("router_split_k=17", "linear", r"router_split_k must be in 1..16, got 17"),
+                             ("in_split_k=x", "linear", "in_split_k must be an integer, got 'x'"),
+                             ("out_split_k=2;nope=1", "linear", "LinearKernelConfig has no field 'nope'"),
+                             ("out_split_k=2", "moe", "--ar-moe: MoEKernelConfig has no field 'out_split_k'")):
         with pytest.raises(SystemExit, match=match):
-            linear_variants(bad)
+            config_variants(bad, kind)
