@@ -499,31 +499,34 @@ def _config_module(kind: str):
     return {"linear": linear, "moe": moe}[kind]
 
 
-def config_variants(text: str, kind: str = "linear") -> list[tuple[str, dict]]:
-    """`--ar-linear "out_split_k=4;router_split_k=4;out_split_k=4,router_split_k=4"` (kind "linear":
-    `LinearKernelConfig`) or `--ar-moe "gate_up_block_i=32;down_block_h=32"` (kind "moe":
-    `MoEKernelConfig`) -> one `(kind, fields)` per `;`-separated variant, the fields ints; an unknown
-    field, a non-integer value or a split count outside 1..16 stops the run before anything is built."""
+def _config_fields(text: str, kind: str, option: str) -> dict:
+    """`name=value,...` -> those fields of the `kind` config (`_config_module`) as ints; an unknown
+    field, a non-integer value or a split count outside 1..16 stops the run, naming `option`."""
     from dataclasses import asdict
 
     from hybridspec.ops import linear
 
-    option = f"--ar-{kind}"
-    fields = asdict(_config_module(kind).KERNEL_CONFIG)
-    variants = []
-    for part in (p for p in text.split(";") if p):
-        changes = {}
-        for name, value in _assignments(part):
-            if name not in fields:
-                raise SystemExit(f"{option}: {type(_config_module(kind).KERNEL_CONFIG).__name__} has no field {name!r}")
-            try:
-                changes[name] = int(value)
-            except ValueError:
-                raise SystemExit(f"{option}: {name} must be an integer, got {value!r}") from None
-            if name.endswith("_split_k") and not 1 <= changes[name] <= linear.MAX_SPLITS:
-                raise SystemExit(f"{option}: {name} must be in 1..{linear.MAX_SPLITS}, got {changes[name]}")
-        variants.append((kind, changes))
-    return variants
+    config = _config_module(kind).KERNEL_CONFIG
+    fields = asdict(config)
+    changes = {}
+    for name, value in _assignments(text):
+        if name not in fields:
+            raise SystemExit(f"{option}: {type(config).__name__} has no field {name!r}")
+        try:
+            changes[name] = int(value)
+        except ValueError:
+            raise SystemExit(f"{option}: {name} must be an integer, got {value!r}") from None
+        if name.endswith("_split_k") and not 1 <= changes[name] <= linear.MAX_SPLITS:
+            raise SystemExit(f"{option}: {name} must be in 1..{linear.MAX_SPLITS}, got {changes[name]}")
+    return changes
+
+
+def config_variants(text: str, kind: str = "linear") -> list[tuple[str, dict]]:
+    """`--ar-linear "out_split_k=4;router_split_k=4;out_split_k=4,router_split_k=4"` (kind "linear":
+    `LinearKernelConfig`) or `--ar-moe "gate_up_block_i=32;down_block_h=32"` (kind "moe":
+    `MoEKernelConfig`) -> one `(kind, fields)` per `;`-separated variant (`_config_fields`), checked
+    before anything is built."""
+    return [(kind, _config_fields(part, kind, f"--ar-{kind}")) for part in text.split(";") if part]
 
 
 def ar_variants(model, prompt, new, variants: list[tuple[str, dict]], reference: torch.Tensor) -> list[dict]:
@@ -549,17 +552,13 @@ def ar_variants(model, prompt, new, variants: list[tuple[str, dict]], reference:
 
 def linear_config(text: str) -> dict:
     """`name=value,...` -> those fields of `hybridspec.ops.linear.KERNEL_CONFIG` (ints), e.g.
-    `block_n=32`; an unknown name raises before anything runs. Returns the config."""
+    `block_n=32`, set for the run (`_config_fields` checks them before anything runs). Returns the
+    config."""
     from dataclasses import asdict, replace
 
     from hybridspec.ops import linear
 
-    changes = {}
-    for name, value in _assignments(text):
-        if name not in asdict(linear.KERNEL_CONFIG):
-            raise SystemExit(f"--linear: LinearKernelConfig has no field {name!r}")
-        changes[name] = int(value)
-    linear.KERNEL_CONFIG = replace(linear.KERNEL_CONFIG, **changes)
+    linear.KERNEL_CONFIG = replace(linear.KERNEL_CONFIG, **_config_fields(text, "linear", "--linear"))
     return asdict(linear.KERNEL_CONFIG)
 
 

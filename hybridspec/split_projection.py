@@ -32,27 +32,27 @@ from hybridspec.ops import small_linear_partials
 from hybridspec.ops.linear import fits
 
 
-def split_out_projection(linear, x: torch.Tensor) -> torch.Tensor | None:
-    """`linear(x)` on `[..., K]` as `KERNEL_CONFIG.out_split_k` split-K partial sums added here in
-    fp32 and rounded once to x's dtype; None where that is off (`out_split_k` 1), the linear is not
-    `plain_unsharded` (a bias, hooks, an adapter or a sharded weight), or `small_linear` would not
-    take the inputs (more than 64 rows, no kernel device, an autograd graph): the caller then runs
-    the linear as before."""
-    splits = linear_ops.KERNEL_CONFIG.out_split_k
-    if splits <= 1 or not plain_unsharded(linear):
-        return None
+def summed_partials(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor | None:
+    """`x @ weight.T` on `[..., K]` as `splits` split-K partial sums added here in fp32 and rounded
+    once to x's dtype; None where `splits` is 1 (off) or `small_linear` would not take the inputs
+    (more than 64 rows, no kernel device, an autograd graph)."""
     flat = x.reshape(-1, x.shape[-1])
-    if not fits(flat, linear.weight):
+    if splits <= 1 or not fits(flat, weight):
         return None
-    return small_linear_partials(flat, linear.weight, splits).sum(0).to(x.dtype).view(*x.shape[:-1], -1)
+    return small_linear_partials(flat, weight, splits).sum(0).to(x.dtype).view(*x.shape[:-1], -1)
+
+
+def split_out_projection(linear, x: torch.Tensor) -> torch.Tensor | None:
+    """`linear(x)` as `KERNEL_CONFIG.out_split_k` summed partials (`summed_partials`); None where
+    those are off or not taken, or the linear is not `plain_unsharded` (a bias, hooks, an adapter or
+    a sharded weight): the caller then runs the linear as before."""
+    if not plain_unsharded(linear):
+        return None
+    return summed_partials(x, linear.weight, linear_ops.KERNEL_CONFIG.out_split_k)
 
 
 def split_in_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`F.linear(x, weight)` for a mixer's fused input projection (`project(..., gemm=split_in_gemm)`),
-    as `KERNEL_CONFIG.in_split_k` split-K partial sums added here in fp32 and rounded once to x's
-    dtype; `F.linear` where that is off (`in_split_k` 1) or `small_linear` would not take the inputs."""
-    splits = linear_ops.KERNEL_CONFIG.in_split_k
-    flat = x.reshape(-1, x.shape[-1])
-    if splits <= 1 or not fits(flat, weight):
-        return F.linear(x, weight)
-    return small_linear_partials(flat, weight, splits).sum(0).to(x.dtype).view(*x.shape[:-1], -1)
+    """`F.linear(x, weight)` for a mixer's fused input projection (`project(..., gemm=split_in_gemm)`)
+    as `KERNEL_CONFIG.in_split_k` summed partials (`summed_partials`), else `F.linear`."""
+    out = summed_partials(x, weight, linear_ops.KERNEL_CONFIG.in_split_k)
+    return out if out is not None else F.linear(x, weight)

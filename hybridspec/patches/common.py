@@ -91,14 +91,15 @@ def is_sparse_moe(mlp) -> bool:
 def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The block's router on `[B, w, H]` -> expert ids and routing weights `[B, w, k]`: its GEMM
     (or `logits` `[B * w, E]`, where the caller ran it in the block's fused GEMM), then the
-    router's softmax, top-k and renormalisation (`route_logits`)."""
+    router's softmax, top-k and renormalisation (`route_logits`); without `logits`, the split
+    router (`split_route`) where it applies."""
     B, w, H = x.shape
     flat = x.reshape(-1, H)
-    split = split_route(family, mlp, x, take=1) if logits is None else None
-    if split is not None:
-        ids, weights, _ = split
-    elif logits is not None:
+    split = None if logits is not None else split_route(family, mlp, x, take=1)
+    if logits is not None:
         weights, ids = route_logits(family, mlp.gate, logits)
+    elif split is not None:
+        ids, weights, _ = split
     elif isinstance(mlp.gate.weight, parallel.DTensor) or type(mlp.gate) not in family.ROUTERS:
         # a router under a tensor-parallel plan, or one the family does not know (replaced by the
         # user): its own forward (not the module call: transformers
