@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from hybridspec.ops.moe import moe_experts
+from hybridspec.ops.moe_partials import moe_combine, moe_experts_partials
 from hybridspec.parallel import local
 
 NAME = "hybridspec"
@@ -56,6 +57,8 @@ def hybridspec_experts_forward(
     top_k_weights: torch.Tensor,
     num_tokens: torch.Tensor | None = None,
     shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    *,
+    combine_here: bool = False,
 ) -> torch.Tensor:
     """Signature of transformers' experts functions: `self` is the experts module, `hidden_states`
     `[T, H]`, `top_k_index` / `top_k_weights` `[T, k]`; returns `[T, H]` in the hidden dtype.
@@ -66,13 +69,21 @@ def hybridspec_experts_forward(
     Under transformers' tensor-parallel plan the weights are this rank's slice of every expert's
     width and the result is this rank's partial sum: transformers' experts hook swaps in the local
     shards and sums over the ranks around this call; hybridspec's verification forward, which calls
-    it directly, takes the local shards here and sums itself (`patches.common.moe_apply`)."""
+    it directly, takes the local shards here and sums itself (`patches.common.moe_apply`).
+
+    `combine_here` (hybridspec's own callers, inside a compiled region): the op without its reduce
+    (`moe_experts_partials`) and the weighted sum in plain torch (`moe_combine`), which the
+    compiler fuses into whatever reads the result: the same sums, one launch fewer."""
     _check_supported(self)
     gate_up, down = local(self.gate_up_proj), local(self.down_proj)
-    out = moe_experts(
-        hidden_states.to(gate_up.dtype), top_k_index, top_k_weights, gate_up, down, num_tokens=num_tokens,
-        shared=shared,
-    )
+    x = hidden_states.to(gate_up.dtype)
+    if combine_here:
+        y = moe_experts_partials(x, top_k_index, gate_up, down, num_tokens=num_tokens,
+                                 shared=None if shared is None else shared[:2])
+        out = moe_combine(y, top_k_index, top_k_weights, gate_up.shape[0], gate_up.dtype, num_tokens=num_tokens,
+                          shared_gate=None if shared is None else shared[2])
+    else:
+        out = moe_experts(x, top_k_index, top_k_weights, gate_up, down, num_tokens=num_tokens, shared=shared)
     return out.to(hidden_states.dtype)
 
 

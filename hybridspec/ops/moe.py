@@ -51,6 +51,10 @@ class MoEKernelConfig:
     # software-pipelined weight loads in flight per program (both weight kernels)
     num_stages: int = 3
     reduce_block_h: int = 1024
+    # inside a compiled layer, the MoE block's weighted sum over its experts as plain torch that
+    # inductor fuses into the residual add after the block (`moe_experts_partials` + `moe_combine`,
+    # hybridspec/ops/moe_partials.py) instead of the reduce kernel: one launch a layer fewer
+    combine_in_consumer: bool = True
     # programmatic dependent launch of the three kernels: each starts while the kernel before it runs
     # (down and reduce alone: 1.4-2 us less per call on an H200). Needs sm90+ CUDA and
     # `dispatch.PDL`; ignored on older GPUs and under the interpreter
@@ -81,7 +85,9 @@ def piece_rows(T: int) -> int:
 
 def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y, out, pdl, BM):
     """Run the kernels on one piece of at most BM rows (gate/up, down, reduce); `out` is that piece's rows.
-    `shared`: the shared expert's `(gate_up [2I, H], down [H, I], gate logits [rows, 1])`, or None."""
+    `shared`: the shared expert's `(gate_up [2I, H], down [H, I], gate logits [rows, 1])`, or None.
+    `out` None (`moe_experts_partials`): no reduce; `y` is that piece's rows of the op's output,
+    every slot written (zeros where no expert is)."""
     from hybridspec.ops.moe_triton import moe_down_kernel, moe_gate_up_kernel, moe_reduce_kernel
 
     cfg = KERNEL_CONFIG
@@ -118,9 +124,11 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         T, E, row_off,
         H=H, I=I, K=K, BM=BM, SP=SP, BN=bn, BK=bk,
         HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=pdl,
-        num_warps=cfg.down_warps, num_stages=cfg.num_stages, **launch_pdl,
+        WRITE_ALL=out is None, num_warps=cfg.down_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
     count_launch("moe_down")
+    if out is None:
+        return
     bn = _block(cfg.reduce_block_h, H)
     moe_reduce_kernel[(T, H // bn)](
         y, ids, wts, nt, s_gate, out,
@@ -146,7 +154,6 @@ def _moe_experts_op(
 ) -> torch.Tensor:
     T, H = hidden.shape
     K = topk_ids.shape[1]
-    I = down_proj.shape[2]
     if not use_triton(hidden):
         return naive_moe.moe_experts(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens,
                                      shared_gate_up, shared_down, shared_gate)
@@ -156,25 +163,43 @@ def _moe_experts_op(
     # the kernels read ids flat (a no-op for torch.topk's output)
     topk_ids = topk_ids.contiguous()
     BM = piece_rows(T)
-    E = gate_up_proj.shape[0]
     has_s = shared_gate_up is not None
-    # scratch shared by the pieces (stream order, and under pdl each kernel's wait, keeps them
-    # apart); h is indexed by expert (each expert has one leading slot per piece; the shared
-    # expert is index E), y by assignment (the shared expert's after the k routed ones)
-    h = torch.empty(E + has_s, BM, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [experts, rows, I]
     y = torch.empty(BM, K + has_s, H, dtype=torch.float32, device=hidden.device)  # [rows, k (+1), H]
     gate = shared_gate.reshape(T, 1) if has_s else None
+    launch_pieces(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens,
+                  (shared_gate_up, shared_down, gate) if has_s else None, y, out)
+    return out
+
+
+def launch_pieces(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens, shared, y, out) -> None:
+    """The kernels over consecutive pieces of `piece_rows(T)` rows (beyond 64 rows each piece reads
+    its own experts once: correct and graph-capturable; long prefills are better served by a grouped
+    GEMM). `shared`: `(gate_up, down, gate logits [T, 1] or None)` or None; `topk_weights` and the gate
+    logits may be None without a reduce. With `out` `[T, H]`, `y`
+    is scratch of one piece's rows, shared by the pieces (stream order, and under pdl each kernel's
+    wait, keeps them apart); with `out` None, `y` is the `[T, k (+1), H]` result, no reduce runs."""
+    T, H = hidden.shape
+    BM = piece_rows(T)
+    E, I = gate_up_proj.shape[0], down_proj.shape[2]
+    has_s = shared is not None
+    # h is indexed by expert (each expert has one leading slot per piece; the shared expert is
+    # index E), y by assignment (the shared expert's after the k routed ones)
+    h = torch.empty(E + has_s, BM, I, dtype=gate_up_proj.dtype, device=hidden.device)  # [experts, rows, I]
     pdl = _use_pdl(KERNEL_CONFIG, hidden)
-    # Beyond 64 rows: consecutive 64-row pieces, each reading its own experts once (correct and
-    # graph-capturable; long prefills are better served by a grouped GEMM).
     for r0 in range(0, T, BM):
         r1 = min(r0 + BM, T)
-        shared = (shared_gate_up, shared_down, gate[r0:r1]) if has_s else None
-        _launch_piece(
-            hidden[r0:r1], topk_ids[r0:r1], topk_weights[r0:r1], gate_up_proj, down_proj, shared,
-            num_tokens, r0, h, y, out[r0:r1], pdl, BM,
-        )
-    return out
+        # the reduce alone reads the routing weights and the shared gate (None without a reduce)
+        piece_shared = None
+        if has_s:
+            s_gate_up, s_down, gate = shared
+            piece_shared = (s_gate_up, s_down, None if gate is None else gate[r0:r1])
+        wts = None if topk_weights is None else topk_weights[r0:r1]
+        if out is None:
+            _launch_piece(hidden[r0:r1], topk_ids[r0:r1], wts, gate_up_proj, down_proj, piece_shared, num_tokens,
+                          r0, h, y[r0:r1], None, pdl, BM)
+        else:
+            _launch_piece(hidden[r0:r1], topk_ids[r0:r1], wts, gate_up_proj, down_proj, piece_shared, num_tokens,
+                          r0, h, y, out[r0:r1], pdl, BM)
 
 
 @_moe_experts_op.register_fake
@@ -218,13 +243,31 @@ def moe_experts(
     dtype). The shared expert runs in the same three launches as one more expert every counted row
     chose; rows past `num_tokens` stay zero.
     """
+    check_inputs(hidden, topk_ids, gate_up_proj, down_proj, num_tokens)
+    T, K = topk_ids.shape
+    check(topk_weights.shape == (T, K),
+          f"topk_weights must be [T, k] = [{T}, {K}] like topk_ids, got {tuple(topk_weights.shape)}")
+    check(topk_weights.is_floating_point(), f"topk_weights must be a float tensor, got {topk_weights.dtype}")
+    check(topk_weights.device == hidden.device, f"topk_weights is on {topk_weights.device}, hidden on {hidden.device}")
+    if shared is None:
+        return _moe_experts_op(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens)
+    check(len(shared) == 3, f"shared must be (gate_up, down, gate_logits), got {len(shared)} tensors")
+    s_gate_up, s_down, s_gate = shared
+    check_shared(hidden, down_proj, s_gate_up, s_down)
+    check(s_gate.shape in ((T,), (T, 1)), f"shared gate logits must be [T] or [T, 1] with T = {T}, got {tuple(s_gate.shape)}")
+    check(s_gate.dtype in FLOAT_INPUTS, f"the shared gate logits must have a float dtype, got {s_gate.dtype}")
+    check(s_gate.device == hidden.device, f"shared gate logits is on {s_gate.device}, hidden on {hidden.device}")
+    return _moe_experts_op(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens,
+                           s_gate_up, s_down, s_gate)
+
+
+def check_inputs(hidden, topk_ids, gate_up_proj, down_proj, num_tokens) -> None:
+    """The checks `moe_experts` and `moe_experts_partials` share: the shapes, dtypes, layouts and
+    devices of the rows, the expert ids, the experts' weights and `num_tokens`."""
     check(hidden.dim() == 2, f"hidden must be [T, H], got {tuple(hidden.shape)}")
     T, H = hidden.shape
     check(topk_ids.dim() == 2 and topk_ids.shape[0] == T and topk_ids.shape[1] >= 1,
           f"topk_ids must be [T, k] = [{T}, k], got {tuple(topk_ids.shape)}")
-    K = topk_ids.shape[1]
-    check(topk_weights.shape == (T, K),
-          f"topk_weights must be [T, k] = [{T}, {K}] like topk_ids, got {tuple(topk_weights.shape)}")
     check(gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == H and gate_up_proj.shape[1] % 2 == 0,
           f"gate_up_proj must be [E, 2I, H] with H = {H}, got {tuple(gate_up_proj.shape)}")
     E, I = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
@@ -238,31 +281,26 @@ def moe_experts(
           f"gate_up_proj ({gate_up_proj.dtype}) and down_proj ({down_proj.dtype}) must have hidden's dtype {hidden.dtype}")
     check(is_integer(topk_ids),
           f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
-    check(topk_weights.is_floating_point(), f"topk_weights must be a float tensor, got {topk_weights.dtype}")
     check(hidden.stride(1) == 1, f"hidden must be contiguous in its last dim, got strides {hidden.stride()}")
     check(gate_up_proj.is_contiguous() and down_proj.is_contiguous(),
           f"gate_up_proj and down_proj must be contiguous, got strides {gate_up_proj.stride()} and {down_proj.stride()}")
-    for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights),
-                    ("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
+    for name, t in (("topk_ids", topk_ids), ("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
         check(t.device == hidden.device, f"{name} is on {t.device}, hidden on {hidden.device}")
     if num_tokens is not None:
         check(num_tokens.numel() == 1 and num_tokens.dim() <= 1 and is_integer(num_tokens),
               f"num_tokens must be an integer tensor of shape [1] or [], got {num_tokens.dtype} {tuple(num_tokens.shape)}")
         check(num_tokens.device == hidden.device, f"num_tokens is on {num_tokens.device}, hidden on {hidden.device}")
-    if shared is None:
-        return _moe_experts_op(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens)
-    check(len(shared) == 3, f"shared must be (gate_up, down, gate_logits), got {len(shared)} tensors")
-    s_gate_up, s_down, s_gate = shared
+
+
+def check_shared(hidden, down_proj, s_gate_up, s_down) -> None:
+    """The shared expert's weights: the routed experts' sizes and dtype, contiguous, on their device."""
+    _, H, I = down_proj.shape
     check(s_gate_up.shape == (2 * I, H) and s_down.shape == (H, I),
           f"the shared expert must have the routed experts' sizes, gate_up [2I, H] = [{2 * I}, {H}] and down "
           f"[H, I] = [{H}, {I}], got {tuple(s_gate_up.shape)} and {tuple(s_down.shape)}")
-    check(s_gate.shape in ((T,), (T, 1)), f"shared gate logits must be [T] or [T, 1] with T = {T}, got {tuple(s_gate.shape)}")
-    check(s_gate_up.dtype == hidden.dtype and s_down.dtype == hidden.dtype and s_gate.dtype in FLOAT_INPUTS,
-          f"the shared expert's weights must have hidden's dtype {hidden.dtype} and its gate logits a float dtype, "
-          f"got {s_gate_up.dtype}, {s_down.dtype}, {s_gate.dtype}")
+    check(s_gate_up.dtype == hidden.dtype and s_down.dtype == hidden.dtype,
+          f"the shared expert's weights must have hidden's dtype {hidden.dtype}, got {s_gate_up.dtype} and {s_down.dtype}")
     check(s_gate_up.is_contiguous() and s_down.is_contiguous(),
           f"the shared expert's weights must be contiguous, got strides {s_gate_up.stride()} and {s_down.stride()}")
-    for name, t in (("shared gate_up", s_gate_up), ("shared down", s_down), ("shared gate logits", s_gate)):
+    for name, t in (("shared gate_up", s_gate_up), ("shared down", s_down)):
         check(t.device == hidden.device, f"{name} is on {t.device}, hidden on {hidden.device}")
-    return _moe_experts_op(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tokens,
-                           s_gate_up, s_down, s_gate)

@@ -15,6 +15,12 @@ weights are read once per call however many rows chose it, without sorting or ho
 3. `moe_reduce_kernel`, grid (T, H / BN): `out[r] = sum_j w[r, j] * y[r, j]` over valid
    assignments, in the fixed order j = 0..k-1 (deterministic, no atomics), cast to the output dtype.
 
+`hybridspec::moe_experts_partials` launches the first two alone and returns `y` itself, its
+consumer adding it (`moe_combine`, plain torch that inductor fuses into the residual add after the
+block: one launch a layer less). There the down kernel runs with WRITE_ALL: the programs of slots
+no expert program writes (invalid assignments, the shared slot of a piece with no counted row)
+store zeros, so every slot of `y` is defined.
+
 With HAS_SHARED the block's shared expert runs as one more slot, slot T * k, chosen by every counted
 row: its gate/up and down programs read the shared weights (`[2I, H]`, `[H, I]`, expert index E of
 `h`) and store into the extra assignment k of `y` `[BM, k + 1, H]`; the reduce kernel then adds
@@ -60,8 +66,9 @@ def _round_to(x, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
 def _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off,
                  K: tl.constexpr, SP: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr):
     """Valid rows `n` of this piece, the expert `e` of assignment `slot`, whether `slot` is the
-    first valid assignment to choose `e` (the one program per expert that does its work), and
-    whether it is the shared expert's slot T * K (then `e` = E, its index in `h`)."""
+    first valid assignment to choose `e` (the one program per expert that does its work), whether
+    it is the shared expert's slot T * K (then `e` = E, its index in `h`), and whether it is a
+    valid routed assignment (its row below `n`, `e` in [0, E)), leading or not."""
     n = T
     if HAS_NUM_TOKENS:
         n = tl.minimum(tl.load(num_tokens_ptr).to(tl.int32) - row_off, T)
@@ -69,13 +76,13 @@ def _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off,
     f = tl.arange(0, SP)
     ids = tl.load(ids_ptr + f, mask=f < T * K, other=-1)
     e = tl.load(ids_ptr + slot, mask=slot < T * K, other=E)
-    lead = (slot // K < n) & (e >= 0) & (e < E)
+    valid = (slot // K < n) & (e >= 0) & (e < E)
     earlier = (f < slot) & (f // K < n) & (ids == e)
-    lead = lead & (tl.sum(earlier.to(tl.int32)) == 0)
+    lead = valid & (tl.sum(earlier.to(tl.int32)) == 0)
     shared = slot == T * K
     if HAS_SHARED:
         lead = lead | (shared & (n > 0))
-    return n, e, lead, shared
+    return n, e, lead, shared, valid
 
 
 @triton.jit
@@ -111,8 +118,8 @@ def moe_gate_up_kernel(
     pdl_enter(USE_PDL)
     slot = tl.program_id(0)
     i_n = tl.program_id(1)
-    n, e, lead, shared = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
-                                      HAS_SHARED)
+    n, e, lead, shared, _ = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
+                                         HAS_SHARED)
     if lead:
         rows = tl.arange(0, BM)
         cols = tl.arange(0, KP)
@@ -155,21 +162,21 @@ def moe_down_kernel(
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
-    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
+    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr, WRITE_ALL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
     slot = tl.program_id(0)
     i_n = tl.program_id(1)
     # y's assignments per row: k, and the shared expert's after them
     KY: tl.constexpr = K + 1 if HAS_SHARED else K
-    n, e, lead, shared = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
-                                      HAS_SHARED)
+    n, e, lead, shared, valid = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
+                                             HAS_SHARED)
+    rows = tl.arange(0, BM)
+    # this program's columns of H; down_proj[e] is [H, I]
+    cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
     if lead:
-        rows = tl.arange(0, BM)
         # the scalar as a row vector: the interpreter turns a scalar & vector mask into int32
         shared_rows = (rows * 0 + shared.to(tl.int32)) > 0  # [BM]
-        # this program's columns of H; down_proj[e] is [H, I]
-        cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
         acc = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BN, BK, HAS_SHARED, PRECISION,
                          INTERPRET_BF16)
         # each (row, j) that chose e gets its own copy, so a row naming e twice is counted twice
@@ -178,7 +185,20 @@ def moe_down_kernel(
             chose = (rows < n) & (e_j == e) & ~shared_rows
             tl.store(y_ptr + (rows[:, None] * KY + j) * H + cols_n[None, :], acc, mask=chose[:, None])
         if HAS_SHARED:
-            tl.store(y_ptr + (rows[:, None] * KY + K) * H + cols_n[None, :], acc, mask=((rows < n) & shared_rows)[:, None])
+            # WRITE_ALL: rows n..T-1 as well; their inputs were masked to zero, so their output is zero
+            limit = T if WRITE_ALL else n
+            tl.store(y_ptr + (rows[:, None] * KY + K) * H + cols_n[None, :], acc,
+                     mask=((rows < limit) & shared_rows)[:, None])
+    if WRITE_ALL:
+        # every slot of y defined (the partials op's consumer reads y whole): zeros where no expert
+        # program writes, an invalid routed assignment (its row past n, its id outside [0, E)) or
+        # the shared expert's slot of a piece with no counted row; duplicates get their leader's copy
+        if (slot < T * K) & ~valid:
+            tl.store(y_ptr + ((slot // K) * KY + slot % K) * H + cols_n, tl.zeros([BN], dtype=tl.float32))
+        if HAS_SHARED:
+            if shared & ~lead:
+                tl.store(y_ptr + (rows[:, None] * KY + K) * H + cols_n[None, :], tl.zeros([BM, BN], dtype=tl.float32),
+                         mask=(rows < T)[:, None])
 
 
 @triton.jit

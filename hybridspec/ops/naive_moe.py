@@ -47,3 +47,25 @@ def moe_experts(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_tok
     gate = torch.sigmoid(shared_gate.reshape(T).float()).to(dt)
     total = (out.to(dt).float() + (gate.float()[:, None] * shared.float()).to(dt).float()).to(dt)
     return torch.where(rows_ok[:, None], total, torch.zeros((), dtype=dt))
+
+
+def moe_experts_partials(hidden, topk_ids, gate_up_proj, down_proj, num_tokens=None, shared_gate_up=None,
+                         shared_down=None):
+    """`[T, k (+1), H]` fp32: each valid assignment's expert output (unweighted), the shared expert's
+    output in the last slot where one is given (zero past `num_tokens`), zeros for the assignments
+    that give nothing (rows past `num_tokens`, ids outside `[0, E)`)."""
+    T, H = hidden.shape
+    K = topk_ids.shape[1]
+    E = gate_up_proj.shape[0]
+    rows_ok = torch.ones(T, dtype=torch.bool, device=hidden.device)
+    if num_tokens is not None:
+        rows_ok = torch.arange(T, device=hidden.device) < num_tokens.reshape(()).to(device=hidden.device, dtype=torch.long)
+    ids = topk_ids.long()
+    valid = rows_ok[:, None] & (ids >= 0) & (ids < E)  # [T, k]
+    y = torch.zeros(T, K + (shared_gate_up is not None), H, dtype=torch.float32, device=hidden.device)
+    for e in torch.unique(ids[valid]).tolist():
+        rows, pos = torch.where(valid & (ids == e))
+        y[rows, pos] = swiglu_expert(hidden[rows].float(), gate_up_proj[e], down_proj[e])
+    if shared_gate_up is not None:
+        y[:, K] = swiglu_expert(torch.where(rows_ok[:, None], hidden.float(), 0.0), shared_gate_up, shared_down)
+    return y

@@ -15,6 +15,7 @@ from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.fused import fused_rows, fused_weight, plain_unsharded, project
 from hybridspec.ops import decode_attention, gdn_verify, route_topk, route_topk_partials, small_linear, small_linear_partials
 from hybridspec.ops import linear as linear_ops
+from hybridspec.ops import moe as moe_ops
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.split_projection import split_in_gemm, split_out_projection
@@ -190,11 +191,14 @@ def _moe_apply(mlp, x, ids, weights, num_tokens, shared_in: list | None, ninth) 
         ids = torch.where(counted[..., None], ids, -1)
         num_tokens = None
     ids, weights = ids.reshape(B * w, -1), weights.reshape(B * w, -1)
+    # inside a compiled layer the experts' weighted sum fuses into the residual add that reads it
+    here = torch.compiler.is_compiling() and moe_ops.KERNEL_CONFIG.combine_in_consumer
     if ninth is not None:
         (gate,) = shared_in or project(mlp, "moe", moe_linears(mlp), flat, skip=1, take=1, gemm=moe_gemm)
-        out = hybridspec_experts_forward(mlp.experts, flat, ids, weights, num_tokens=num_tokens, shared=(*ninth, gate))
+        out = hybridspec_experts_forward(mlp.experts, flat, ids, weights, num_tokens=num_tokens, shared=(*ninth, gate),
+                                         combine_here=here)
         return out.reshape(B, w, H)
-    routed = hybridspec_experts_forward(mlp.experts, flat, ids, weights, num_tokens=num_tokens)
+    routed = hybridspec_experts_forward(mlp.experts, flat, ids, weights, num_tokens=num_tokens, combine_here=here)
     shared = mlp.shared_expert
     # the shared expert's sigmoid gate and its gate and up projections in one GEMM, over their rows
     # of the block's fused weight (after the router's); fused only where it is whole on every rank
