@@ -562,6 +562,17 @@ def linear_config(text: str) -> dict:
     return asdict(linear.KERNEL_CONFIG)
 
 
+def moe_config(text: str) -> dict:
+    """`name=value,...` -> those fields of `hybridspec.ops.moe.KERNEL_CONFIG` (ints), e.g.
+    `combine_in_consumer=1`, set for the run (checked by `_config_fields`). Returns the config."""
+    from dataclasses import asdict, replace
+
+    from hybridspec.ops import moe
+
+    moe.KERNEL_CONFIG = replace(moe.KERNEL_CONFIG, **_config_fields(text, "moe", "--moe"))
+    return asdict(moe.KERNEL_CONFIG)
+
+
 def inductor_settings(text: str) -> dict:
     """`name=value,...` -> the same names set on `torch._inductor.config` and in the runner's own
     compile options (`hybridspec.ops.dispatch.LAYER_OPTIONS`, which would override the global setting), so
@@ -606,6 +617,8 @@ def main() -> None:
                              "fused LM-head top-1, the default")
     parser.add_argument("--linear", default="", help="small_linear's kernel config for this run, e.g. "
                         "block_n=32 (recorded in the output)")
+    parser.add_argument("--moe", default="", help="the experts op's MoEKernelConfig for this run, e.g. "
+                        "combine_in_consumer=1 (recorded in the output)")
     parser.add_argument("--ar-linear", default="",
                         help="after the AR row, the AR step again under each of these ';'-separated variants of "
                              "--linear, e.g. 'out_split_k=4;router_split_k=4;out_split_k=4,router_split_k=4' "
@@ -616,12 +629,13 @@ def main() -> None:
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
     linear_cfg = linear_config(args.linear)
+    moe_cfg = moe_config(args.moe)
     variants = config_variants(args.ar_linear, "linear") + config_variants(args.ar_moe, "moe")
     global COMPILE, FUSED_HEAD
     COMPILE = not args.no_compile
     FUSED_HEAD = args.fused_head
     torch.backends.cuda.matmul.allow_tf32 = False
-    info = dict(env_info(), inductor=inductor, linear_config=linear_cfg, fused_head=args.fused_head)
+    info = dict(env_info(), inductor=inductor, linear_config=linear_cfg, moe_config=moe_cfg, fused_head=args.fused_head)
     print(info)
     t0 = time.perf_counter()
     if args.tiny:

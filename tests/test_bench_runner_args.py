@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch._inductor.config as inductor_config
 
-from benchmarks.bench_runner import inductor_settings, linear_config
+from benchmarks.bench_runner import inductor_settings, linear_config, moe_config
 from hybridspec.ops import dispatch
 
 
@@ -39,6 +39,16 @@ def test_linear_config_sets_the_named_fields(monkeypatch):
     assert linear.KERNEL_CONFIG.num_stages == 3
     with pytest.raises(SystemExit, match="no field 'prefetch'"):
         linear_config("prefetch=1")
+
+
+def test_moe_config_sets_the_named_fields(monkeypatch):
+    from hybridspec.ops import moe
+
+    monkeypatch.setattr(moe, "KERNEL_CONFIG", moe.KERNEL_CONFIG)
+    got = moe_config("combine_in_consumer=1,down_block_h=32")
+    assert got["combine_in_consumer"] == 1 and moe.KERNEL_CONFIG.down_block_h == 32
+    with pytest.raises(SystemExit, match="no field 'fused'"):
+        moe_config("fused=1")
 
 
 def test_the_round_table_splits_a_fixed_length_round_and_keeps_the_policy_row():

@@ -93,3 +93,40 @@ def test_shared_expert_weights_are_views_of_the_fused_weight():
     assert gate_up.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
     assert torch.equal(gate_up, torch.cat([mlp.shared_expert.gate_proj.weight, mlp.shared_expert.up_proj.weight]))
     assert down is mlp.shared_expert.down_proj.weight
+
+
+@pytest.mark.parametrize("build", ["qwen3.5", "qwen3-next"])
+def test_compiled_block_adds_the_experts_in_the_residual_add(monkeypatch, build):
+    """With `combine_in_consumer` on, a compiled verified block runs the experts op without its
+    reduce (`moe_experts_partials`, here its twin) and adds the experts in torch: the eager path's
+    hidden states (which take the whole op), for every sparse block, routed and shared experts."""
+    from dataclasses import replace
+
+    from transformers import DynamicCache
+
+    from hybridspec.ops import moe as moe_ops
+    from hybridspec.ops import naive_moe
+    from hybridspec.patches.common import is_sparse_moe
+    from hybridspec.patches.forward import Blocks, allocate_state, verify_forward
+
+    model = BUILDS[build](seed=3)
+    family = family_of(model)
+    fuse_model(family, model)
+    calls = []
+    twin = naive_moe.moe_experts_partials
+    monkeypatch.setattr(naive_moe, "moe_experts_partials", lambda *a: calls.append(a[5] is not None) or twin(*a))
+    g = torch.Generator().manual_seed(4)
+    prompt, block = (torch.randint(0, model.config.vocab_size, (1, n), generator=g) for n in (6, 5))
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(prompt, use_cache=True, past_key_values=cache)
+        state = allocate_state(family, model, cache, 32)
+        eager, _ = verify_forward(family, model, block, state)
+        assert not calls
+        monkeypatch.setattr(moe_ops, "KERNEL_CONFIG", replace(moe_ops.KERNEL_CONFIG, combine_in_consumer=True))
+        torch._dynamo.reset()
+        blocks = Blocks(*(torch.compile(f, dynamic=False) for f in Blocks._field_defaults.values()))
+        got, _ = verify_forward(family, model, block, state, blocks=blocks)
+    sparse = sum(is_sparse_moe(layer.mlp) for layer in family.text_model(model).layers)
+    assert len(calls) == sparse and all(calls), "every sparse block took the partials, with its shared expert"
+    assert_rel(got, eager, 1e-5, "compiled with the sum in the residual add vs eager")

@@ -24,7 +24,7 @@ import torch
 
 from hybridspec.ops import naive_moe
 from hybridspec.ops.checks import FLOAT_INPUTS, check, is_integer
-from hybridspec.ops.dispatch import use_triton
+from hybridspec.ops.dispatch import count_launch, use_triton
 from hybridspec.ops.moe import check_inputs, check_shared, launch_pieces
 
 
@@ -49,6 +49,7 @@ def _moe_experts_partials_op(
     # the kernels read ids flat (a no-op for torch.topk's output)
     launch_pieces(hidden, topk_ids.contiguous(), None, gate_up_proj, down_proj, num_tokens,
                   (shared_gate_up, shared_down, None) if has_s else None, y, None)
+    count_launch("moe_experts_partials")
     return y
 
 

@@ -22,7 +22,8 @@ Y_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 def expect_two_launches(T: int):
     """Gate/up and down once per piece, and no reduce."""
     pieces = math.ceil(T / piece_rows(T))
-    with expect_launch("moe_gate_up", pieces), expect_launch("moe_down", pieces), expect_launch("moe_reduce", 0):
+    with expect_launch("moe_gate_up", pieces), expect_launch("moe_down", pieces), expect_launch("moe_reduce", 0), \
+            expect_launch("moe_experts_partials", 1):
         yield
 
 
