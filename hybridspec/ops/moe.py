@@ -53,9 +53,9 @@ class MoEKernelConfig:
     reduce_block_h: int = 1024
     # inside a compiled layer, the MoE block's weighted sum over its experts as plain torch that
     # inductor fuses into the residual add after the block (`moe_experts_partials` + `moe_combine`,
-    # hybridspec/ops/moe_partials.py) instead of the reduce kernel: one launch a layer fewer. Off
-    # until it is timed on a GPU (written 2026-12-03, when no device machine could be had);
-    # `benchmarks/bench_runner.py --ar-moe combine_in_consumer=1` times it beside the default
+    # hybridspec/ops/moe_partials.py) instead of the reduce kernel: one launch a layer fewer. On
+    # the H200 the AR step 2.954 against 3.033 ms and C(16) 1.29x its bound (docs/benchmarks.md,
+    # "The MoE reduce in the consumer"); off until its GPU tests pass (one failed, report cut off)
     combine_in_consumer: bool = False
     # programmatic dependent launch of the three kernels: each starts while the kernel before it runs
     # (down and reduce alone: 1.4-2 us less per call on an H200). Needs sm90+ CUDA and
