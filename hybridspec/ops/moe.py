@@ -191,17 +191,11 @@ def launch_pieces(hidden, topk_ids, topk_weights, gate_up_proj, down_proj, num_t
     for r0 in range(0, T, BM):
         r1 = min(r0 + BM, T)
         # the reduce alone reads the routing weights and the shared gate (None without a reduce)
-        piece_shared = None
-        if has_s:
-            s_gate_up, s_down, gate = shared
-            piece_shared = (s_gate_up, s_down, None if gate is None else gate[r0:r1])
-        wts = None if topk_weights is None else topk_weights[r0:r1]
-        if out is None:
-            _launch_piece(hidden[r0:r1], topk_ids[r0:r1], wts, gate_up_proj, down_proj, piece_shared, num_tokens,
-                          r0, h, y[r0:r1], None, pdl, BM)
-        else:
-            _launch_piece(hidden[r0:r1], topk_ids[r0:r1], wts, gate_up_proj, down_proj, piece_shared, num_tokens,
-                          r0, h, y, out[r0:r1], pdl, BM)
+        rows = slice(r0, r1)
+        wts = None if topk_weights is None else topk_weights[rows]
+        piece_shared = None if shared is None else (*shared[:2], None if shared[2] is None else shared[2][rows])
+        _launch_piece(hidden[rows], topk_ids[rows], wts, gate_up_proj, down_proj, piece_shared, num_tokens, r0, h,
+                      y if out is not None else y[rows], None if out is None else out[rows], pdl, BM)
 
 
 @_moe_experts_op.register_fake
