@@ -54,9 +54,19 @@ class MoEKernelConfig:
     # inside a compiled layer, the MoE block's weighted sum over its experts as plain torch that
     # inductor fuses into the residual add after the block (`moe_experts_partials` + `moe_combine`,
     # hybridspec/ops/moe_partials.py) instead of the reduce kernel: one launch a layer fewer. On
-    # the H200 the AR step 2.954 against 3.033 ms and C(16) 1.29x its bound (docs/benchmarks.md,
-    # "The MoE reduce in the consumer"); off until its GPU tests pass (one failed, report cut off)
-    combine_in_consumer: bool = False
+    # the H200 the AR step 2.954 against 3.033 ms and C(16) 1.29x its bound, and the captured
+    # runner's GPU tests pass with it (docs/benchmarks.md, "The MoE reduce in the consumer")
+    combine_in_consumer: bool = True
+    # with combine_in_consumer, calls of at most this many rows (a decode step: T = B) run the
+    # experts in one launch split over I (`moe_experts_split_partials`, hybridspec/ops/moe_split.py)
+    # instead of gate/up then down; 0: never. Its partials `[T, k + 1, I / split_block_i, H]` grow
+    # with T, so it serves a few rows only (at most 16, one piece)
+    split_max_rows: int = 0
+    # I columns per program of the split kernel (I / split_block_i splits), and its H chunk per
+    # step of the down projection (its gate/up step is gate_up_block_h)
+    split_block_i: int = 32
+    split_block_h: int = 256
+    split_warps: int = 4
     # programmatic dependent launch of the three kernels: each starts while the kernel before it runs
     # (down and reduce alone: 1.4-2 us less per call on an H200). Needs sm90+ CUDA and
     # `dispatch.PDL`; ignored on older GPUs and under the interpreter

@@ -92,14 +92,21 @@ def moe_combine(
     num_tokens: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`moe_experts`' result from `moe_experts_partials`' `y`: `sum_j w[t, j] * y[t, j]` over the
+    """`moe_experts`' result from `moe_experts_partials`' `y` (or `moe_experts_split_partials`', whose
+    splits are added first, in order): `sum_j w[t, j] * y[t, j]` over the
     valid assignments in the order j = 0..k-1 in fp32 (the reduce kernel's order), in `dtype`; with
     `shared_gate` (logits `[T]` or `[T, 1]`, `y` then holding the shared expert's output in its last
     slot) `round(round(routed) + round(round(sigmoid(gate)) * round(shared)))`; rows at or past
     `num_tokens` are zero. Weights and gates of invalid assignments and rows may be NaN: they are
     selected away (`where`), never multiplied by zero. Plain torch, for a compiled consumer to fuse."""
-    check(y.dim() == 3 and y.dtype == torch.float32, f"y must be moe_experts_partials' [T, k (+1), H] fp32, got "
-          f"{y.dtype} {tuple(y.shape)}")
+    check(y.dim() in (3, 4) and y.dtype == torch.float32, f"y must be moe_experts_partials' [T, k (+1), H] or "
+          f"moe_experts_split_partials' [T, k (+1), splits, H] fp32, got {y.dtype} {tuple(y.shape)}")
+    if y.dim() == 4:
+        # the splits of I added in the order b = 0..splits-1 (a fixed fp32 order, as the j terms)
+        parts = y
+        y = parts[:, :, 0]
+        for b in range(1, parts.shape[2]):
+            y = y + parts[:, :, b]
     T, KY, H = y.shape
     check(topk_ids.dim() == 2 and topk_ids.shape[0] == T and is_integer(topk_ids),
           f"topk_ids must be an integer [T, k] with T = {T}, got {topk_ids.dtype} {tuple(topk_ids.shape)}")
