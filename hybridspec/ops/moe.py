@@ -57,16 +57,6 @@ class MoEKernelConfig:
     # the H200 the AR step 2.954 against 3.033 ms and C(16) 1.29x its bound, and the captured
     # runner's GPU tests pass with it (docs/benchmarks.md, "The MoE reduce in the consumer")
     combine_in_consumer: bool = True
-    # with combine_in_consumer, calls of at most this many rows (a decode step: T = B) run the
-    # experts in one launch split over I (`moe_experts_split_partials`, hybridspec/ops/moe_split.py)
-    # instead of gate/up then down; 0: never. Its partials `[T, k + 1, I / split_block_i, H]` grow
-    # with T, so it serves a few rows only (at most 16, one piece)
-    split_max_rows: int = 0
-    # I columns per program of the split kernel (I / split_block_i splits), and its H chunk per
-    # step of the down projection (its gate/up step is gate_up_block_h)
-    split_block_i: int = 32
-    split_block_h: int = 256
-    split_warps: int = 4
     # programmatic dependent launch of the three kernels: each starts while the kernel before it runs
     # (down and reduce alone: 1.4-2 us less per call on an H200). Needs sm90+ CUDA and
     # `dispatch.PDL`; ignored on older GPUs and under the interpreter

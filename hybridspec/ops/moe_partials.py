@@ -42,7 +42,7 @@ def _moe_experts_partials_op(
         return naive_moe.moe_experts_partials(hidden, topk_ids, gate_up_proj, down_proj, num_tokens,
                                               shared_gate_up, shared_down)
     T, H = hidden.shape
-    has_s = shared_gate_up is not None
+    has_s = int(shared_gate_up is not None)
     y = torch.empty(T, topk_ids.shape[1] + has_s, H, dtype=torch.float32, device=hidden.device)
     if T == 0:
         return y
@@ -55,7 +55,9 @@ def _moe_experts_partials_op(
 
 @_moe_experts_partials_op.register_fake
 def _(hidden, topk_ids, gate_up_proj, down_proj, num_tokens, shared_gate_up=None, shared_down=None):
-    return hidden.new_empty(hidden.shape[0], topk_ids.shape[1] + (shared_gate_up is not None), hidden.shape[1],
+    # an int, not a bool: under dynamic shapes k is a SymInt, and SymInt + bool fails in sympy on
+    # torch 2.11 (opcheck's test_aot_dispatch_dynamic on the H200 caught it; 2.13 accepts it)
+    return hidden.new_empty(hidden.shape[0], topk_ids.shape[1] + int(shared_gate_up is not None), hidden.shape[1],
                             dtype=torch.float32)
 
 
@@ -92,21 +94,14 @@ def moe_combine(
     num_tokens: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`moe_experts`' result from `moe_experts_partials`' `y` (or `moe_experts_split_partials`', whose
-    splits are added first, in order): `sum_j w[t, j] * y[t, j]` over the
+    """`moe_experts`' result from `moe_experts_partials`' `y`: `sum_j w[t, j] * y[t, j]` over the
     valid assignments in the order j = 0..k-1 in fp32 (the reduce kernel's order), in `dtype`; with
     `shared_gate` (logits `[T]` or `[T, 1]`, `y` then holding the shared expert's output in its last
     slot) `round(round(routed) + round(round(sigmoid(gate)) * round(shared)))`; rows at or past
     `num_tokens` are zero. Weights and gates of invalid assignments and rows may be NaN: they are
     selected away (`where`), never multiplied by zero. Plain torch, for a compiled consumer to fuse."""
-    check(y.dim() in (3, 4) and y.dtype == torch.float32, f"y must be moe_experts_partials' [T, k (+1), H] or "
-          f"moe_experts_split_partials' [T, k (+1), splits, H] fp32, got {y.dtype} {tuple(y.shape)}")
-    if y.dim() == 4:
-        # the splits of I added in the order b = 0..splits-1 (a fixed fp32 order, as the j terms)
-        parts = y
-        y = parts[:, :, 0]
-        for b in range(1, parts.shape[2]):
-            y = y + parts[:, :, b]
+    check(y.dim() == 3 and y.dtype == torch.float32, f"y must be moe_experts_partials' [T, k (+1), H] fp32, got "
+          f"{y.dtype} {tuple(y.shape)}")
     T, KY, H = y.shape
     check(topk_ids.dim() == 2 and topk_ids.shape[0] == T and is_integer(topk_ids),
           f"topk_ids must be an integer [T, k] with T = {T}, got {topk_ids.dtype} {tuple(topk_ids.shape)}")

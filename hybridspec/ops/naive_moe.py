@@ -62,40 +62,10 @@ def moe_experts_partials(hidden, topk_ids, gate_up_proj, down_proj, num_tokens=N
         rows_ok = torch.arange(T, device=hidden.device) < num_tokens.reshape(()).to(device=hidden.device, dtype=torch.long)
     ids = topk_ids.long()
     valid = rows_ok[:, None] & (ids >= 0) & (ids < E)  # [T, k]
-    y = torch.zeros(T, K + (shared_gate_up is not None), H, dtype=torch.float32, device=hidden.device)
+    y = torch.zeros(T, K + int(shared_gate_up is not None), H, dtype=torch.float32, device=hidden.device)
     for e in torch.unique(ids[valid]).tolist():
         rows, pos = torch.where(valid & (ids == e))
         y[rows, pos] = swiglu_expert(hidden[rows].float(), gate_up_proj[e], down_proj[e])
     if shared_gate_up is not None:
         y[:, K] = swiglu_expert(torch.where(rows_ok[:, None], hidden.float(), 0.0), shared_gate_up, shared_down)
-    return y
-
-
-def moe_experts_split_partials(hidden, topk_ids, gate_up_proj, down_proj, num_tokens=None, splits=1,
-                               shared_gate_up=None, shared_down=None):
-    """`[T, k (+1), splits, H]` fp32: `moe_experts_partials`' outputs split over I, slot `[t, j, b]`
-    the expert's output from columns `[b * I / splits, (b + 1) * I / splits)` of its SwiGLU output
-    (rounded to the weights' dtype) and of its down projection."""
-    T, H = hidden.shape
-    K = topk_ids.shape[1]
-    E, I = gate_up_proj.shape[0], down_proj.shape[2]
-    bi = I // splits
-    rows_ok = torch.ones(T, dtype=torch.bool, device=hidden.device)
-    if num_tokens is not None:
-        rows_ok = torch.arange(T, device=hidden.device) < num_tokens.reshape(()).to(device=hidden.device, dtype=torch.long)
-    ids = topk_ids.long()
-    valid = rows_ok[:, None] & (ids >= 0) & (ids < E)  # [T, k]
-
-    def split_expert(x, gate_up, down):  # [n, splits, H]
-        gate, up = (x @ gate_up.float().T).chunk(2, dim=-1)
-        act = (F.silu(gate) * up).to(down.dtype).float()  # [n, I]
-        return torch.stack([act[:, b * bi:(b + 1) * bi] @ down[:, b * bi:(b + 1) * bi].float().T
-                            for b in range(splits)], dim=1)
-
-    y = torch.zeros(T, K + (shared_gate_up is not None), splits, H, dtype=torch.float32, device=hidden.device)
-    for e in torch.unique(ids[valid]).tolist():
-        rows, pos = torch.where(valid & (ids == e))
-        y[rows, pos] = split_expert(hidden[rows].float(), gate_up_proj[e], down_proj[e])
-    if shared_gate_up is not None:
-        y[:, K] = split_expert(torch.where(rows_ok[:, None], hidden.float(), 0.0), shared_gate_up, shared_down)
     return y

@@ -111,7 +111,7 @@ def test_combine_validates():
     ids, w = torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 2)
     with pytest.raises(ValueError, match="y has 3 slots a row: k = 2 routed make 2"):
         moe_combine(y, ids, w, 4, torch.float32)
-    with pytest.raises(ValueError, match=r"y must be moe_experts_partials' \[T, k \(\+1\), H\] or moe_experts_split_partials'"):
+    with pytest.raises(ValueError, match=r"y must be moe_experts_partials' \[T, k \(\+1\), H\] fp32"):
         moe_combine(y.double(), ids, w, 4, torch.float32, shared_gate=torch.zeros(2))
     with pytest.raises(ValueError, match="topk_weights must be a float"):
         moe_combine(y, ids, w[:, :1], 4, torch.float32, shared_gate=torch.zeros(2))

@@ -183,36 +183,6 @@ def test_captured_moe_combine_in_consumer_equals_target_only(build, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
-def test_captured_moe_split_equals_target_only(build, monkeypatch):
-    """`MoEKernelConfig(split_max_rows=16)`: inside the compiled layers every MoE block of the AR
-    step (one row) and of the 16-row round runs `moe_experts_split_partials` (one launch, split
-    over I) and its sum in the residual add; AR steps and rounds give target-only decoding's tokens
-    on fp32 models."""
-    from dataclasses import replace
-
-    from hybridspec.ops import moe as moe_ops
-    from hybridspec.ops.dispatch import launch_counts
-    from hybridspec.policy import FixedPolicy
-
-    model = build(seed=4).cuda()
-    ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
-    monkeypatch.setattr(moe_ops, "KERNEL_CONFIG",
-                        replace(moe_ops.KERNEL_CONFIG, combine_in_consumer=True, split_max_rows=16))
-    inner = tiny_drafter().cuda()
-    inner.bind(model)
-    drafter = DeviceReplayDrafter(inner, ref[0, PROMPT.shape[1]:], vocab_size=model.config.vocab_size)
-    for spec in (None, drafter):
-        before = launch_counts["moe_split"]
-        runner = Runner(model, spec, FixedPolicy("fixed", 8) if spec is not None else None, capacity=256)
-        assert runner.captured
-        out, _ = runner.generate(PROMPT.cuda(), MAX_NEW)
-        assert torch.equal(out, ref)
-        # the compiled blocks took the split op (counted when traced and captured)
-        assert launch_counts["moe_split"] > before
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
 def test_captured_compiled_front_gives_the_eager_fronts_rounds(build):
     """`Runner(compile_front=True)` captured with compiled layers: the length choice, Stage 0 and the
     routing correction compiled as one region give the same rounds, lengths and tokens as the
