@@ -36,7 +36,6 @@ Side by side in one run:
     python benchmarks/bench_runner.py --skip-hf --only-ar --linear out_split_k=4   # split-K output projections
     python benchmarks/bench_runner.py --skip-hf --only-ar --ar-linear 'out_split_k=4;router_split_k=4'   # each in one process
     python benchmarks/bench_runner.py --skip-hf --only-ar --ar-moe 'gate_up_block_i=32;down_block_h=32'   # MoE tiles, likewise
-    python benchmarks/bench_runner.py --skip-hf --only-ar --ar-gdn 'fuse_producer=0;fuse_producer=1'   # GDN mixer forms
     python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
     python benchmarks/bench_runner.py --skip-hf --only-round-kernels   # every kernel of one whole round, w = 1 and 16
 """
@@ -495,9 +494,9 @@ def _assignments(text: str) -> list[tuple[str, str]]:
 
 def _config_module(kind: str):
     """The module whose `KERNEL_CONFIG` a variant of this kind changes."""
-    from hybridspec.ops import gdn_producer, linear, moe
+    from hybridspec.ops import linear, moe
 
-    return {"linear": linear, "moe": moe, "gdn": gdn_producer}[kind]
+    return {"linear": linear, "moe": moe}[kind]
 
 
 def _config_fields(text: str, kind: str, option: str) -> dict:
@@ -627,25 +626,16 @@ def main() -> None:
     parser.add_argument("--ar-moe", default="",
                         help="after the AR row (and any --ar-linear variants), the AR step under each of these "
                              "';'-separated MoEKernelConfig variants, e.g. 'gate_up_block_i=32;down_block_h=32'")
-    parser.add_argument("--ar-gdn", default="",
-                        help="after those, the AR step under each of these ';'-separated GDNKernelConfig variants, "
-                             "e.g. 'fuse_producer=0;fuse_producer=1'")
     args = parser.parse_args()
     inductor = inductor_settings(args.inductor)
     linear_cfg = linear_config(args.linear)
     moe_cfg = moe_config(args.moe)
-    variants = (config_variants(args.ar_linear, "linear") + config_variants(args.ar_moe, "moe")
-                + config_variants(args.ar_gdn, "gdn"))
+    variants = config_variants(args.ar_linear, "linear") + config_variants(args.ar_moe, "moe")
     global COMPILE, FUSED_HEAD
     COMPILE = not args.no_compile
     FUSED_HEAD = args.fused_head
     torch.backends.cuda.matmul.allow_tf32 = False
-    from dataclasses import asdict
-
-    from hybridspec.ops import gdn_producer
-
-    info = dict(env_info(), inductor=inductor, linear_config=linear_cfg, moe_config=moe_cfg,
-                gdn_config=asdict(gdn_producer.KERNEL_CONFIG), fused_head=args.fused_head)
+    info = dict(env_info(), inductor=inductor, linear_config=linear_cfg, moe_config=moe_cfg, fused_head=args.fused_head)
     print(info)
     t0 = time.perf_counter()
     if args.tiny:

@@ -75,15 +75,12 @@ def _gdn_verify_op(
         gdn_verify_kernel[(V // BV, B * HV)](
             q, k, v, g, beta, state, num_tokens if num_tokens is not None else q,
             o, z_out, k_out, g_out,
-            # the joint producer's inputs (hybridspec/ops/gdn_producer.py): unused here
-            q, q, q, q, q, q,
             T, scale,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1),
-            0, 0, 0, 0,
             HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, BK=min(K, VERIFY_CONFIG["BK"]),
             HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm, PRECISION=_precision(q),
             USE_PDL=pdl, num_warps=VERIFY_CONFIG["num_warps"], **pdl_launch(pdl),

@@ -13,13 +13,10 @@ from transformers.activations import ACT2FN
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.fused import fused_rows, fused_weight, plain_unsharded, project
-from hybridspec.ops import decode_attention, gdn_conv_verify, gdn_verify, route_topk, route_topk_partials, small_linear, small_linear_partials
+from hybridspec.ops import decode_attention, gdn_verify, route_topk, route_topk_partials, small_linear, small_linear_partials
 from hybridspec.ops import linear as linear_ops
-from hybridspec.ops import gdn_producer as gdn_ops
 from hybridspec.ops import moe as moe_ops
-from hybridspec.ops.dispatch import use_triton
 from hybridspec.ops.linear import fits
-from hybridspec.ops.naive_gdn_producer import causal_conv
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.split_projection import split_in_gemm, split_out_projection
 from hybridspec.state import GDNSlot
@@ -31,51 +28,25 @@ def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     computes them; the inputs are kept for the commit."""
     w = mixed.shape[-1]
     slot.inputs[:, :, :w] = mixed
-    # the K shifted products as elementwise work (naive_gdn_producer.causal_conv) that inductor
-    # fuses with the activation and the split after it, where F.conv1d (and its im2col on some
-    # backends) is a launch of its own
-    out = causal_conv(slot.window, mixed, mod.conv1d.weight[:, 0], mod.conv1d.bias)
-    return ACT2FN[mod.activation](out).to(mixed.dtype)
-
-
-# the mixer activations the joint producer's kernel computes (transformers' names for SiLU)
-_PRODUCER_ACTIVATIONS = ("silu", "swish")
-
-
-def gdn_producer(mod, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, slot: GDNSlot,
-                 num_tokens: torch.Tensor | None) -> torch.Tensor | None:
-    """The GDN mixer after its input projections through `gdn_conv_verify` (conv, SiLU, gates and
-    verify in one launch), then the gated norm and out_proj; `mixed` `[B, w, C]` the pre-conv q, k,
-    v channels, `z` `[B, w, HV, V]`, `b, a` `[B, w, HV]`. None where that form does not apply, and
-    the caller runs the conv, gates and `gdn_verify` as modules and torch ops: it is off
-    (`GDNKernelConfig.fuse_producer`), the Triton kernel would not run (the CPU without the
-    interpreter keeps torch's ops), autograd records (the op has no backward), the activation is
-    not SiLU, a parameter is a tensor-parallel DTensor, or dtypes or layouts differ from what the
-    kernel reads (the conv weight in the activations' dtype, the gates contiguous per head)."""
-    weight = mod.conv1d.weight
-    params = (weight, mod.conv1d.bias, mod.A_log, mod.dt_bias)
-    if not (gdn_ops.KERNEL_CONFIG.fuse_producer and use_triton(mixed) and mod.activation in _PRODUCER_ACTIVATIONS
-            and not (torch.is_grad_enabled() and any(p is not None and p.requires_grad for p in params))
-            and not any(isinstance(p, parallel.DTensor) for p in params)
-            and weight.dtype == mixed.dtype and weight[:, 0].is_contiguous() and mixed.stride(-1) == 1
-            and a.stride(-1) == 1 and b.stride(-1) == 1 and b.dtype == mixed.dtype):
-        return None
-    B, w = mixed.shape[:2]
-    o, _ = gdn_conv_verify(mixed, a, b, slot.window, weight[:, 0], mod.conv1d.bias, mod.A_log, mod.dt_bias,
-                           slot.state, key_heads=mod.num_k_heads, num_tokens=num_tokens, factors_out=slot.factors,
-                           inputs_out=slot.inputs)
-    return gdn_output(mod, o, z)
+    weight = mod.conv1d.weight[:, 0].float()  # [C, K]
+    K = weight.shape[-1]
+    full = torch.cat([slot.window, mixed], dim=-1).float()  # [B, C, K + w]
+    # output t reads full[t + 1 .. t + K]: the conv as K shifted products summed in fp32 and rounded
+    # once to the weight's dtype, as a 16-bit conv1d rounds its fp32 accumulator. Elementwise work
+    # that inductor fuses with the activation and the split after it, where F.conv1d (and its
+    # im2col on some backends) is a launch of its own.
+    out = full[..., 1 : 1 + w] * weight[:, 0, None]
+    for j in range(1, K):
+        out = out + full[..., 1 + j : 1 + j + w] * weight[:, j, None]
+    if mod.conv1d.bias is not None:
+        out = out + mod.conv1d.bias.float()[:, None]
+    return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
 def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
     """GDN verify of one layer into the round's factor buffers, then the gated norm and out_proj."""
+    B, w = q.shape[:2]
     o, _ = gdn_verify(q, k, v, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors)
-    return gdn_output(mod, o, z)
-
-
-def gdn_output(mod, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """The gated norm of the verified outputs `[B, w, HV, V]` with `z`, then out_proj."""
-    B, w = o.shape[:2]
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
     out = split_out_projection(mod.out_proj, o)
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)

@@ -8,7 +8,7 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
 
 from hybridspec import parallel
 from hybridspec.fused import project
-from hybridspec.patches.common import conv_verify, gdn_core, gdn_producer
+from hybridspec.patches.common import conv_verify, gdn_core
 from hybridspec.split_projection import split_in_gemm
 from hybridspec.state import GDNSlot
 
@@ -47,17 +47,13 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     # one GEMM over the fused weight (hybridspec.fused); sharded, transformers' plan gathers the
     # projections' outputs (one all-gather for the four here), so every rank runs the whole GDN core
     qkv, z, b, a = project(mod, "in", linears, x, gemm=split_in_gemm) or parallel.columns_gathered(linears, x)
-    z = z.reshape(B, w, -1, mod.head_v_dim)
-    # the conv, gates and verify in one kernel where it applies (the joint producer)
-    out = gdn_producer(mod, qkv, z, b, a, slot, num_tokens)
-    if out is not None:
-        return out
     # [B, w, C], contiguous in C for the ops
     mixed = conv_verify(mod, qkv.transpose(1, 2), slot).transpose(1, 2).contiguous()
     q, k, v = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
     q = q.reshape(B, w, -1, mod.head_k_dim)
     k = k.reshape(B, w, -1, mod.head_k_dim)
     v = v.reshape(B, w, -1, mod.head_v_dim)
+    z = z.reshape(B, w, -1, mod.head_v_dim)
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
     return gdn_core(mod, q, k, v, g, beta, z, slot, num_tokens)

@@ -8,7 +8,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as modeling
 
 from hybridspec import parallel
 from hybridspec.fused import project
-from hybridspec.patches.common import conv_verify, gdn_core, gdn_producer
+from hybridspec.patches.common import conv_verify, gdn_core
 from hybridspec.split_projection import split_in_gemm
 from hybridspec.state import GDNSlot
 
@@ -44,12 +44,7 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     linears = tuple(getattr(mod, name) for name in GDN_PROJECTIONS)
     qkvz, ba = project(mod, "in", linears, x, gemm=split_in_gemm) or parallel.columns_gathered(linears, x)
     q, k, v, z, b, a = mod.fix_query_key_value_ordering(qkvz, ba)
-    mixed = torch.cat([t.reshape(B, w, -1) for t in (q, k, v)], dim=-1)  # [B, w, C]
-    # the conv, gates and verify in one kernel where it applies (the joint producer)
-    out = gdn_producer(mod, mixed, z, b, a, slot, num_tokens)
-    if out is not None:
-        return out
-    mixed = mixed.transpose(1, 2)
+    mixed = torch.cat([t.reshape(B, w, -1) for t in (q, k, v)], dim=-1).transpose(1, 2)
     # [B, w, C], contiguous in C for the ops
     mixed = conv_verify(mod, mixed, slot).transpose(1, 2).contiguous()
     q, k, v = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
