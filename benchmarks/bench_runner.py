@@ -38,6 +38,7 @@ Side by side in one run:
     python benchmarks/bench_runner.py --skip-hf --only-ar --ar-moe 'gate_up_block_i=32;down_block_h=32'   # MoE tiles, likewise
     python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
     python benchmarks/bench_runner.py --skip-hf --only-round-kernels   # every kernel of one whole round, w = 1 and 16
+    python benchmarks/bench_runner.py --split-batch 4   # the per-part split of a batched round (B = 4)
 """
 
 from __future__ import annotations
@@ -268,28 +269,33 @@ def verification_curve(model, drafter, prompt, bandwidth):
                 c16_ms=c16_ms, c16_bound_ms=bound_ms, c16_bound_bytes=bound_bytes, c16_over_bound=c16_ms / bound_ms)
 
 
-def component_split(model, drafter, prompt):
-    """Graphs of the GDN mixers, the attention mixers, the MoE blocks, the LM head + greedy accept,
-    the drafter's round alone and Stage 0 (eager as the round runs it, and compiled), at w rows (the
-    drafter always drafts its whole block, Stage 0 always runs all W rows)."""
+def split_parts(model, drafter, prompt, compile_layers: bool):
+    """What `component_split` times, as functions over real inputs of each part, for `prompt`
+    `[B, P]` (random tokens, no padding) on its device: `(runner, parts, per_layer, num, distinct)`;
+    `parts` maps gdn, attention, moe, lm_head_accept, drafter and stage0 to functions of no
+    arguments (and "_tokens" to the verified block `[B, W]`), `num` is the `[B]` count of verified
+    rows the parts read (set it before a call), `distinct[w - 1]` the distinct (layer, expert) pairs
+    of the block's first w rows over the batch. Device-generic, so the CPU tests run every part."""
     family = family_of(model)
-    runner = Runner(model, capacity=prompt.shape[1] + 64)
+    B, P = prompt.shape
+    device = prompt.device
+    runner = Runner(model, capacity=P + 64, batch_size=B, compile=compile_layers)
     state = runner.state
     taps = tuple(drafter.target_layer_ids)
     _, cache, feats = prefill(model, prompt, taps)
     load_prefill(state, cache)
     del cache
     # the drafter's context holds the prompt; `propose` writes its block past it and advances nothing
-    drafter.reset(1, runner.rows)
-    drafter.observe(feats, prompt.shape[1])
+    drafter.reset(B, runner.rows)
+    drafter.observe(feats, P)
     # the drafter's layers as the runner runs them (compiled per layer kind), and the target's blocks
-    drafter.compile_layers(COMPILE)
-    blocks = compiled_once(Blocks, layer_options()) if COMPILE else EAGER
+    drafter.compile_layers(compile_layers)
+    blocks = compiled_once(Blocks, layer_options()) if compile_layers else EAGER
     anchor = prompt[:, -1:].clone()
-    text = model.model
+    text = family.text_model(model)
     layers = text.layers
     g = torch.Generator().manual_seed(4)
-    tokens = torch.randint(0, model.config.vocab_size, (1, W), generator=g).cuda()
+    tokens = torch.randint(0, family.text_config(model).vocab_size, (B, W), generator=g).to(device)
     # real inputs of every layer's mixer and MoE block for this block
     mixer_in, moe_in = {}, {}
     hooks = []
@@ -301,15 +307,17 @@ def component_split(model, drafter, prompt):
         verify_forward(family, model, tokens, state, (), routing)
     for h in hooks:
         h.remove()
-    # the MoE graphs' distinct (layer, expert) pairs at each w: their bytes bound
-    distinct = distinct_prefix_counts(torch.stack([r[0] for r in routing]), model.config.num_experts).sum(0).tolist()
-    num = torch.full((1,), W, dtype=torch.long, device="cuda")
-    positions = state.length + torch.arange(W, device="cuda")[None]
+    # the MoE graphs' distinct (layer, expert) pairs at each w, over the batch's union: token j of
+    # every row counts as one token choosing all their experts
+    ids = torch.stack(routing)  # [L, B, W, k]
+    union = ids.permute(0, 2, 1, 3).reshape(ids.shape[0], W, -1)
+    distinct = distinct_prefix_counts(union, family.text_config(model).num_experts).sum(0).tolist()
+    num = torch.full((B,), W, dtype=torch.long, device=device)
+    positions = state.length[:, None] + torch.arange(W, device=device)[None]
     cos_sin = family.rope(model, mixer_in[0], positions)
 
-    gdn_mixer = torch.compile(family.gdn_verify_layer, dynamic=False, options=layer_options())
-    attention_mixer = torch.compile(attention_verify, dynamic=False, options=layer_options())
-    moe_block = torch.compile(moe_verify, dynamic=False, options=layer_options())
+    compiled = (lambda fn: torch.compile(fn, dynamic=False, options=layer_options())) if compile_layers else (lambda fn: fn)
+    gdn_mixer, attention_mixer, moe_block = (compiled(fn) for fn in (family.gdn_verify_layer, attention_verify, moe_verify))
 
     def gdn():
         for i in state.gdn_layers:
@@ -326,7 +334,7 @@ def component_split(model, drafter, prompt):
             moe_block(family, layer.mlp, moe_in[i], None, num)
 
     target = runner.target
-    final = text.norm(mixer_in[len(layers) - 1])  # a [1, 16, H] hidden state of the right scale
+    final = text.norm(mixer_in[len(layers) - 1])  # a [B, 16, H] hidden state of the right scale
     drafts = tokens[:, 1:]
 
     def head_accept():
@@ -340,8 +348,24 @@ def component_split(model, drafter, prompt):
         state.num_tokens = None
         stage0(family, model, tokens, state, blocks)
 
-    parts = [("gdn", gdn), ("attention", attention), ("moe", moe), ("lm_head_accept", head_accept), ("drafter", draft),
-             ("stage0", stage0_as_run)]
+    parts = dict(gdn=gdn, attention=attention, moe=moe, lm_head_accept=head_accept, drafter=draft,
+                 stage0=stage0_as_run, _tokens=tokens)
+    per_layer = dict(gdn=len(state.gdn_layers), attention=len(state.attn_layers), moe=len(layers),
+                     lm_head_accept=1, drafter=len(drafter.layers), stage0=1, stage0_compiled=1)
+    return runner, parts, per_layer, num, distinct
+
+
+def component_split(model, drafter, prompt):
+    """Graphs of the GDN mixers, the attention mixers, the MoE blocks, the LM head + greedy accept,
+    the drafter's round alone and Stage 0 (eager as the round runs it, and compiled), at w rows (the
+    drafter always drafts its whole block, Stage 0 always runs all W rows). `prompt` `[B, P]`: with
+    B > 1 every part runs the batch of B rows (the batched round's shapes: B x W verified rows, the
+    drafter drafting for every row), and the distinct (layer, expert) pairs are the union over the
+    batch."""
+    runner, parts, per_layer, num, distinct = split_parts(model, drafter, prompt, COMPILE)
+    family = family_of(model)
+    state = runner.state
+    tokens = parts.pop("_tokens")
     # fullgraph, as Runner(compile_front=True) compiles it: a graph break fails instead of timing a half-eager Stage 0
     stage0_compiled = torch.compile(stage0, dynamic=False, fullgraph=True, options=layer_options())
 
@@ -349,6 +373,7 @@ def component_split(model, drafter, prompt):
         state.num_tokens = None
         stage0_compiled(family, model, tokens, state)
 
+    parts = list(parts.items())
     compile_error = None
     try:
         stage0_compiled_run()
@@ -356,8 +381,6 @@ def component_split(model, drafter, prompt):
     except Exception as error:  # a measurement of an alternative: reported in the output, never hidden
         compile_error = error_text(error)
         print(f"Stage 0 compiled: not measured ({compile_error})")
-    per_layer = dict(gdn=len(state.gdn_layers), attention=len(state.attn_layers), moe=len(layers),
-                     lm_head_accept=1, drafter=len(drafter.layers), stage0=1, stage0_compiled=1)
     num.fill_(1)
     kernels = {name: kernel_profile(fn, per_layer[name]) for name, fn in parts}
     pool = torch.cuda.graph_pool_handle()
@@ -370,6 +393,34 @@ def component_split(model, drafter, prompt):
         kernels["stage0_compiled"] = dict(error=compile_error)
     del runner, graphs
     return out, kernels, {w: distinct[w - 1] for w in SPLIT_AT}
+
+
+def print_split(split: dict, kernels: dict) -> None:
+    """The kernel lists and the per-part times of `component_split`."""
+    for name, k in kernels.items():
+        if "error" in k:
+            continue
+        print(f"{name}: {k['kernels_per_layer']:.1f} kernels per layer (w = 1, eager launch of the compiled function)")
+        for t in k["top"]:
+            print(f"    {t['us_per_layer']:7.1f} us  x{t['launches_per_layer']:.1f}  {t['name']}")
+    names = list(next(iter(split.values())))
+    print_table(["w", *(f"{n} ms" for n in names)], [[w, *(v[n] for n in names)] for w, v in split.items()])
+
+
+def batch_split(model, drafter, args, result: dict) -> None:
+    """`--split-batch B`: `component_split` for B prompts of `--prompt` random tokens (w rows per
+    sequence, B x w verified rows), written to runner.json under "batch_split"."""
+    B = args.split_batch
+    if not 2 <= B <= 4:
+        raise SystemExit(f"--split-batch must be in 2..4 (the batched round's sizes), got {B}")
+    prompt = torch.randint(0, model.config.vocab_size, (B, args.prompt), generator=torch.Generator().manual_seed(0)).cuda()
+    split, kernels, distinct = component_split(model, drafter, prompt)
+    result["batch_split"] = dict(batch_size=B, split={str(w): v for w, v in split.items()}, kernels_at_w1=kernels,
+                                 distinct_pairs={str(w): d for w, d in distinct.items()})
+    print(f"the split at a batch of {B} (w rows per sequence, {B} x w verified; distinct pairs over the batch: "
+          f"{distinct})")
+    print_split(split, kernels)
+    write_json(Path(args.out) / "runner.json", result)
 
 
 def round_costs(model, drafter, prompt, continuation, compile_front: bool, new: int = 64) -> dict:
@@ -623,6 +674,9 @@ def main() -> None:
                         help="after the AR row, the AR step again under each of these ';'-separated variants of "
                              "--linear, e.g. 'out_split_k=4;router_split_k=4;out_split_k=4,router_split_k=4' "
                              "(one process, same weights)")
+    parser.add_argument("--split-batch", type=int, default=0,
+                        help="only the per-part split and its kernel lists for a batch of this many rows (2..4: "
+                             "the batched round's shapes), then stop")
     parser.add_argument("--ar-moe", default="",
                         help="after the AR row (and any --ar-linear variants), the AR step under each of these "
                              "';'-separated MoEKernelConfig variants, e.g. 'gate_up_block_i=32;down_block_h=32'")
@@ -649,6 +703,9 @@ def main() -> None:
     result = dict(env=info, prompt=args.prompt, new=args.new, copy_bandwidth_gbs=bandwidth, acceptance=ACCEPTANCE)
     print(f"acceptance: {ACCEPTANCE}")
 
+    if args.split_batch:
+        batch_split(model, drafter, args, result)
+        return
     t0 = time.perf_counter()
     ar_ms, ar_host_us, ar_out, host_parts_us = our_ar(model, prompt, args.new)
     ar_setup = time.perf_counter() - t0

@@ -118,3 +118,42 @@ def test_config_variants_are_parsed_and_checked():
                              ("out_split_k=2", "moe", "--ar-moe: MoEKernelConfig has no field 'out_split_k'")):
         with pytest.raises(SystemExit, match=match):
             config_variants(bad, kind)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_split_parts_run_at_each_batch_size(batch):
+    """Every part `component_split` times runs on the CPU (tiny models, eager) for a batch of B
+    rows, and the distinct (layer, expert) pairs are the union over the batch's rows: non-decreasing
+    in w, at least one row's count and at most the batch's sum."""
+    import torch
+
+    from benchmarks.bench_runner import W, split_parts
+    from hybridspec.ops.routing import distinct_prefix_counts
+    from hybridspec.patches import family_of
+    from hybridspec.patches.forward import verify_forward
+    from hybridspec.tiny import tiny_drafter, tiny_target
+
+    torch.manual_seed(0)
+    model, drafter = tiny_target(), tiny_drafter()
+    drafter.bind(model)
+    prompt = torch.randint(0, model.config.get_text_config().vocab_size, (batch, 12),
+                           generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        runner, parts, per_layer, num, distinct = split_parts(model, drafter, prompt, compile_layers=False)
+        tokens = parts.pop("_tokens")
+        assert tokens.shape == (batch, W) and num.shape == (batch,)
+        for name, fn in parts.items():
+            assert per_layer[name] >= 1
+            num.fill_(4)
+            fn()
+        # the union against each row's own count, from the same block
+        routing = []
+        verify_forward(family_of(model), model, tokens, runner.state, (), routing)
+    ids = torch.stack(routing)  # [L, B, W, k]
+    experts = family_of(model).text_config(model).num_experts
+    rows = [distinct_prefix_counts(ids[:, b], experts).sum(0) for b in range(batch)]
+    assert len(distinct) == W and all(a <= b for a, b in zip(distinct, distinct[1:]))
+    for j in range(W):
+        assert max(int(r[j]) for r in rows) <= distinct[j] <= sum(int(r[j]) for r in rows)
+    if batch == 1:
+        assert distinct == rows[0].tolist()
