@@ -395,14 +395,19 @@ def component_split(model, drafter, prompt):
     return out, kernels, {w: distinct[w - 1] for w in SPLIT_AT}
 
 
-def print_split(split: dict, kernels: dict) -> None:
-    """The kernel lists and the per-part times of `component_split`."""
+def print_kernels(kernels: dict) -> None:
+    """`component_split`'s kernel lists, per part (a part that was not measured has none)."""
     for name, k in kernels.items():
         if "error" in k:
             continue
         print(f"{name}: {k['kernels_per_layer']:.1f} kernels per layer (w = 1, eager launch of the compiled function)")
         for t in k["top"]:
             print(f"    {t['us_per_layer']:7.1f} us  x{t['launches_per_layer']:.1f}  {t['name']}")
+
+
+def print_split(split: dict, kernels: dict) -> None:
+    """The kernel lists and the per-part times of `component_split`."""
+    print_kernels(kernels)
     names = list(next(iter(split.values())))
     print_table(["w", *(f"{n} ms" for n in names)], [[w, *(v[n] for n in names)] for w, v in split.items()])
 
@@ -751,12 +756,7 @@ def main() -> None:
     result["split"] = {str(w): v for w, v in split.items()}
     result["split_bound_ms"], bound_rows = split_bounds(model, drafter, split, distinct, args.prompt, bandwidth)
     result["kernels_at_w1"] = kernels
-    for name, k in kernels.items():
-        if "error" in k:
-            continue
-        print(f"{name}: {k['kernels_per_layer']:.1f} kernels per layer (w = 1, eager launch of the compiled function)")
-        for t in k["top"]:
-            print(f"    {t['us_per_layer']:7.1f} us  x{t['launches_per_layer']:.1f}  {t['name']}")
+    print_kernels(kernels)
     fixed_at = {r["w"]: r["fixed_ms"] for r in first}
     target_parts = ("gdn", "attention", "moe", "lm_head_accept")
     print_table(["w", "GDN ms", "attention ms", "MoE ms", "LM head + accept ms", "other ms", "C(w) ms", "drafter ms"],

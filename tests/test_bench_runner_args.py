@@ -157,3 +157,15 @@ def test_the_split_parts_run_at_each_batch_size(batch):
         assert max(int(r[j]) for r in rows) <= distinct[j] <= sum(int(r[j]) for r in rows)
     if batch == 1:
         assert distinct == rows[0].tolist()
+
+
+def test_print_split_lists_every_part_and_skips_unmeasured_kernels(capsys):
+    from benchmarks.bench_runner import print_split
+
+    split = {1: dict(gdn=1.5, moe=4.25), 4: dict(gdn=1.75, moe=8.5)}
+    kernels = dict(gdn=dict(kernels_per_layer=9.0, top=[dict(us_per_layer=16.25, launches_per_layer=1.0, name="nvjet")]),
+                   stage0_compiled=dict(error="RuntimeError: no"))
+    print_split(split, kernels)
+    out = capsys.readouterr().out
+    assert "gdn: 9.0 kernels per layer" in out and "16.2 us  x1.0  nvjet" in out and "stage0_compiled" not in out
+    assert "gdn ms" in out and "moe ms" in out and "8.5" in out
