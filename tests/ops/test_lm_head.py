@@ -116,8 +116,8 @@ def _run(case: HeadCase, device: str, monkeypatch, cfg: LMHeadKernelConfig = SMA
 # copies in two tiles at the small config's 32-column tiles (the normal-data version of it failed)
 @example(case=HeadCase(N=40, H=16, V=55, dtype=torch.float32, scale=1.0, data="dup", seed=269))
 # row 0's maximum at columns 1, 45, 173 and 551: a copy in the combine's second chunk of 16 tiles,
-# which must not win (under the interpreter argmax breaks ties to the left whatever the kernel
-# asks, so this is where a tie rule of ours shows on the CPU)
+# which must not win (flipping the kernels' `tie_break_left` passes under the interpreter, whose
+# argmax seems to break ties to the left either way: this is where a tie rule of ours shows on the CPU)
 @example(case=HeadCase(N=3, H=32, V=600, dtype=torch.float32, scale=1.0, data="dup", seed=2))
 def test_matches_naive(device, monkeypatch, case):
     got, hidden, weight = _run(case, device, monkeypatch)
