@@ -271,9 +271,9 @@ def verification_curve(model, drafter, prompt, bandwidth):
 
 def split_parts(model, drafter, prompt, compile_layers: bool):
     """What `component_split` times, as functions over real inputs of each part, for `prompt`
-    `[B, P]` (random tokens, no padding) on its device: `(runner, parts, per_layer, num, distinct)`;
-    `parts` maps gdn, attention, moe, lm_head_accept, drafter and stage0 to functions of no
-    arguments (and "_tokens" to the verified block `[B, W]`), `num` is the `[B]` count of verified
+    `[B, P]` (random tokens, no padding) on its device: `(runner, parts, tokens, per_layer, num,
+    distinct)`; `parts` maps gdn, attention, moe, lm_head_accept, drafter and stage0 to functions of
+    no arguments, `tokens` is the verified block `[B, W]`, `num` is the `[B]` count of verified
     rows the parts read (set it before a call), `distinct[w - 1]` the distinct (layer, expert) pairs
     of the block's first w rows over the batch. Device-generic, so the CPU tests run every part."""
     family = family_of(model)
@@ -349,10 +349,10 @@ def split_parts(model, drafter, prompt, compile_layers: bool):
         stage0(family, model, tokens, state, blocks)
 
     parts = dict(gdn=gdn, attention=attention, moe=moe, lm_head_accept=head_accept, drafter=draft,
-                 stage0=stage0_as_run, _tokens=tokens)
+                 stage0=stage0_as_run)
     per_layer = dict(gdn=len(state.gdn_layers), attention=len(state.attn_layers), moe=len(layers),
-                     lm_head_accept=1, drafter=len(drafter.layers), stage0=1, stage0_compiled=1)
-    return runner, parts, per_layer, num, distinct
+                     lm_head_accept=1, drafter=len(drafter.layers), stage0=1)
+    return runner, parts, tokens, per_layer, num, distinct
 
 
 def component_split(model, drafter, prompt):
@@ -362,10 +362,9 @@ def component_split(model, drafter, prompt):
     B > 1 every part runs the batch of B rows (the batched round's shapes: B x W verified rows, the
     drafter drafting for every row), and the distinct (layer, expert) pairs are the union over the
     batch."""
-    runner, parts, per_layer, num, distinct = split_parts(model, drafter, prompt, COMPILE)
+    runner, parts, tokens, per_layer, num, distinct = split_parts(model, drafter, prompt, COMPILE)
     family = family_of(model)
     state = runner.state
-    tokens = parts.pop("_tokens")
     # fullgraph, as Runner(compile_front=True) compiles it: a graph break fails instead of timing a half-eager Stage 0
     stage0_compiled = torch.compile(stage0, dynamic=False, fullgraph=True, options=layer_options())
 
@@ -378,6 +377,7 @@ def component_split(model, drafter, prompt):
     try:
         stage0_compiled_run()
         parts.append(("stage0_compiled", stage0_compiled_run))
+        per_layer["stage0_compiled"] = 1
     except Exception as error:  # a measurement of an alternative: reported in the output, never hidden
         compile_error = error_text(error)
         print(f"Stage 0 compiled: not measured ({compile_error})")
@@ -416,8 +416,6 @@ def batch_split(model, drafter, args, result: dict) -> None:
     """`--split-batch B`: `component_split` for B prompts of `--prompt` random tokens (w rows per
     sequence, B x w verified rows), written to runner.json under "batch_split"."""
     B = args.split_batch
-    if not 2 <= B <= 4:
-        raise SystemExit(f"--split-batch must be in 2..4 (the batched round's sizes), got {B}")
     prompt = torch.randint(0, model.config.vocab_size, (B, args.prompt), generator=torch.Generator().manual_seed(0)).cuda()
     split, kernels, distinct = component_split(model, drafter, prompt)
     result["batch_split"] = dict(batch_size=B, split={str(w): v for w, v in split.items()}, kernels_at_w1=kernels,
@@ -686,6 +684,8 @@ def main() -> None:
                         help="after the AR row (and any --ar-linear variants), the AR step under each of these "
                              "';'-separated MoEKernelConfig variants, e.g. 'gate_up_block_i=32;down_block_h=32'")
     args = parser.parse_args()
+    if args.split_batch and not 2 <= args.split_batch <= 4:
+        raise SystemExit(f"--split-batch must be in 2..4 (the batched round's sizes), got {args.split_batch}")
     inductor = inductor_settings(args.inductor)
     linear_cfg = linear_config(args.linear)
     moe_cfg = moe_config(args.moe)

@@ -139,8 +139,7 @@ def test_the_split_parts_run_at_each_batch_size(batch):
     prompt = torch.randint(0, model.config.get_text_config().vocab_size, (batch, 12),
                            generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        runner, parts, per_layer, num, distinct = split_parts(model, drafter, prompt, compile_layers=False)
-        tokens = parts.pop("_tokens")
+        runner, parts, tokens, per_layer, num, distinct = split_parts(model, drafter, prompt, compile_layers=False)
         assert tokens.shape == (batch, W) and num.shape == (batch,)
         for name, fn in parts.items():
             assert per_layer[name] >= 1
