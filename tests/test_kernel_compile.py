@@ -45,15 +45,19 @@ def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_war
     return triton.compile(source, target=SM90, options={"num_warps": num_warps, "num_stages": 3})
 
 
-# the runner's configuration (bf16, shared expert, pdl) and its opposites, in both dtypes
-@pytest.mark.parametrize("dtype, shared, pdl", [("bf16", True, True), ("fp32", True, True), ("bf16", False, False),
-                                                ("fp32", False, False)])
-def test_moe_kernels_compile_for_sm90(dtype, shared, pdl):
-    flags = dict(HAS_NUM_TOKENS=True, HAS_SHARED=shared, INTERPRET_BF16=False, USE_PDL=pdl)
+# the runner's configuration (bf16, shared expert, pdl) and its opposites, in both dtypes; the
+# batched round's 64-row piece (GATHER: routed rows gathered into 16-row tiles) in the runner's form
+@pytest.mark.parametrize("dtype, shared, pdl, rows", [("bf16", True, True, 16), ("fp32", True, True, 16),
+                                                      ("bf16", False, False, 16), ("fp32", False, False, 16),
+                                                      ("bf16", True, True, 64), ("fp32", False, False, 64)])
+def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
+    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=shared, INTERPRET_BF16=False, USE_PDL=pdl)
     prec = dict(PRECISION="ieee" if dtype == "fp32" else "tf32")
-    dims = {k: SHAPE[k] for k in ("H", "I", "K", "BM", "SP")}
-    compile_sm90(moe_triton.moe_gate_up_kernel, dtype, {**SHAPE, **flags, **prec, "BN": 64, "BK": 256})
-    compile_sm90(moe_triton.moe_down_kernel, dtype, {**dims, **flags, **prec, "BN": 64, "BK": 128},
+    piece = {**SHAPE, "BM": rows, "SP": rows * SHAPE["K"], "RB": 16, "GATHER": rows > 16}
+    dims = {k: piece[k] for k in ("H", "I", "K", "BM", "KP", "SP", "RB", "GATHER")}
+    compile_sm90(moe_triton.moe_gate_up_kernel, dtype, {**piece, **flags, **prec, "BN": 64, "BK": 256,
+                                                        "BK_WIDE": 128 if rows > 16 else 256})
+    compile_sm90(moe_triton.moe_down_kernel, dtype, {**dims, **flags, **prec, "BN": 64, "BK": 128, "WRITE_ALL": True},
                  fp32_pointers=("y_ptr",), num_warps=2)
     compile_sm90(moe_triton.moe_reduce_kernel, dtype, {"H": 2048, "K": 8, "BN": 1024, **flags},
                  fp32_pointers=("y_ptr",))

@@ -24,7 +24,8 @@ from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, 
 # each expert of the union over the batch is read once
 BLOCK_ROWS = 16
 MAX_PIECE_ROWS = 64
-# the gate/up kernel's H chunk above 16 rows: 64 rows x 256 plus both weight tiles over three
+# the gate/up kernel's H chunk for the shared expert's tile above 16 rows (the routed experts'
+# rows are gathered into 16-row tiles there): 64 rows x 256 plus both weight tiles over three
 # pipeline stages would ask for 288 KB of shared memory (the H200 has 227 KB); 128 keeps 144 KB
 WIDE_PIECE_BLOCK_H = 128
 
@@ -110,12 +111,15 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
     # without a shared expert its pointers are never read: any tensor of the right dtype
     s_gate_up, s_down, s_gate = shared if has_s else (gate_up, down, wts)
     slots = T * K + has_s
-    block_h = cfg.gate_up_block_h if BM <= BLOCK_ROWS else min(cfg.gate_up_block_h, WIDE_PIECE_BLOCK_H)
-    bn, bk = _block(cfg.gate_up_block_i, I), _block(block_h, H)
+    # past 16 rows each routed expert's rows are gathered into 16-row tiles; the shared expert's
+    # tile (every row) keeps the piece's BM rows and a narrower H chunk
+    gather = BM > BLOCK_ROWS
+    bn, bk = _block(cfg.gate_up_block_i, I), _block(cfg.gate_up_block_h, H)
+    bk_wide = _block(min(cfg.gate_up_block_h, WIDE_PIECE_BLOCK_H), H)
     moe_gate_up_kernel[(slots, I // bn)](
         x, ids, nt, gate_up, s_gate_up, h,
         T, E, row_off, x.stride(0),
-        H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk,
+        H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk, RB=BLOCK_ROWS, BK_WIDE=bk_wide, GATHER=gather,
         HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=pdl,
         num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
@@ -124,7 +128,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
     moe_down_kernel[(slots, H // bn)](
         h, ids, nt, down, s_down, y,
         T, E, row_off,
-        H=H, I=I, K=K, BM=BM, SP=SP, BN=bn, BK=bk,
+        H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk, RB=BLOCK_ROWS, GATHER=gather,
         HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=pdl,
         WRITE_ALL=out is None, num_warps=cfg.down_warps, num_stages=cfg.num_stages, **launch_pdl,
     )

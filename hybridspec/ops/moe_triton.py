@@ -28,6 +28,15 @@ row: its gate/up and down programs read the shared weights (`[2I, H]`, `[H, I]`,
 rounds again: the block-level roundings of transformers' sparse MoE block. One launch per stage for the
 routed and shared experts together, instead of the shared expert's own GEMMs and elementwise work.
 
+Pieces of more than 16 rows (GATHER: a batch of verification windows, B x w rows) tile each routed
+expert by the rows that chose it, not by the piece: its leading program gathers those rows into
+16-row tiles (RB) and loops over them (one tile but for an expert more than 16 rows chose), where a
+BM-row tile would multiply 48 zero rows for an expert two rows chose (at B = 4 on the 35B-A3B shape
+the batched round's weight kernels took 1.6x B = 1's time per expert). The shared expert, which
+every row chose, keeps the BM-row tile and runs first (grid slot 0), so it is not the tail. Its
+program count is the same; invalid slots (the batch's padding rows carry id -1) exit after two
+scalar loads instead of comparing the whole piece's ids.
+
 With USE_PDL (programmatic dependent launch, sm90+) each kernel may launch while the one before it
 runs, and waits for it first thing (`pdl_enter`, hybridspec/ops/pdl_triton.py).
 
@@ -86,19 +95,103 @@ def _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off,
 
 
 @triton.jit
+def _slot_of(pid, T, K: tl.constexpr, HAS_SHARED: tl.constexpr, GATHER: tl.constexpr):
+    """The slot grid program `pid` handles: in GATHER pieces the shared expert's slot T * K first
+    (its BM-row tile is the longest program), the routed slots after it; else `pid` itself."""
+    slot = pid
+    if GATHER:
+        if HAS_SHARED:
+            slot = tl.where(pid == 0, T * K, pid - 1)
+    return slot
+
+
+@triton.jit
+def _slot_leader_cheap(ids_ptr, num_tokens_ptr, slot, T, E, row_off,
+                       K: tl.constexpr, SP: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr):
+    """`_slot_leader`'s values, the piece's ids compared only for a valid slot: an invalid one (a
+    padding row's id -1, a row past n) decides from two scalar loads."""
+    n = T
+    if HAS_NUM_TOKENS:
+        n = tl.minimum(tl.load(num_tokens_ptr).to(tl.int32) - row_off, T)
+    e = tl.load(ids_ptr + slot, mask=slot < T * K, other=E)
+    valid = (slot // K < n) & (e >= 0) & (e < E)
+    shared = slot == T * K
+    lead = shared & (n > 0) if HAS_SHARED else slot < 0
+    if valid:
+        f = tl.arange(0, SP)
+        ids = tl.load(ids_ptr + f, mask=f < T * K, other=-1)
+        earlier = (f < slot) & (f // K < n) & (ids == e)
+        lead = tl.sum(earlier.to(tl.int32)) == 0
+    return n, e, lead, shared, valid
+
+
+@triton.jit
+def _members(ids_ptr, e, n, T, K: tl.constexpr, BM: tl.constexpr, KP: tl.constexpr):
+    """[BM]: the piece's counted rows that chose expert `e` (at any of their k assignments)."""
+    rows = tl.arange(0, BM)
+    cols = tl.arange(0, KP)
+    ids2 = tl.load(ids_ptr + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < T) & (cols[None, :] < K), other=-1)
+    return (rows < n) & (tl.max((ids2 == e).to(tl.int32), axis=1) > 0)
+
+
+@triton.jit
+def _gathered(member, c0, BM: tl.constexpr, RB: tl.constexpr):
+    """Rows `c0 .. c0 + RB - 1` of the members in row order: `[RB]` row indices and which of them
+    exist (a member's place among the members is the running count before it)."""
+    rows = tl.arange(0, BM)
+    m = member.to(tl.int32)
+    place = tl.cumsum(m, axis=0) - 1  # [BM]
+    want = c0 + tl.arange(0, RB)  # [RB]
+    sel = (m[None, :] > 0) & (place[None, :] == want[:, None])  # [RB, BM]
+    grow = tl.sum(tl.where(sel, rows[None, :], 0), axis=1)  # [RB]
+    return grow, want < tl.sum(m)
+
+
+@triton.jit
+def _gate_up_tile(x_ptr, w_base, h_ptr, e, r, ok, s_xt, cols_n,
+                  H: tl.constexpr, I: tl.constexpr, BM: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr, MASK_STORE: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """`silu(x[r] @ gate[cols_n].T) * (x[r] @ up[cols_n].T)` for the `[R]` rows `r` (rows not `ok`
+    read as zero) into `h[e, r, cols_n]` (only the `ok` rows with MASK_STORE)."""
+    acc_g = tl.zeros([R, BN], dtype=tl.float32)
+    acc_u = tl.zeros([R, BN], dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        cols_k = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + r[:, None] * s_xt + cols_k[None, :], mask=ok[:, None], other=0.0)
+        # gate_up_proj[e] is [2I, H]: gate rows 0..I-1, up rows I..2I-1 (transformers' chunk order)
+        wg = tl.load(w_base + cols_n[:, None] * H + cols_k[None, :])  # [BN, BK]
+        wu = tl.load(w_base + (I + cols_n[:, None]) * H + cols_k[None, :])  # [BN, BK]
+        # the interpreter multiplies bf16 bit patterns as integers: upcast there (exact products)
+        if INTERPRET_BF16:
+            x, wg, wu = x.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
+        acc_g = tl.dot(x, tl.trans(wg), acc_g, input_precision=PRECISION)
+        acc_u = tl.dot(x, tl.trans(wu), acc_u, input_precision=PRECISION)
+    # SwiGLU
+    act = acc_g * tl.sigmoid(acc_g) * acc_u  # [R, BN]
+    if INTERPRET_BF16:
+        act = _round_bf16(act)
+    dst = h_ptr + (e.to(tl.int64) * BM + r[:, None]) * I + cols_n[None, :]
+    if MASK_STORE:
+        tl.store(dst, act.to(h_ptr.dtype.element_ty), mask=ok[:, None])
+    else:
+        tl.store(dst, act.to(h_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n,
-               H: tl.constexpr, I: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               H: tl.constexpr, I: tl.constexpr, BM: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
-    """`h[e] @ down_e[cols_n].T` `[BM, BN]` in fp32 (`down_e` the shared weight `[H, I]` on the
-    shared expert's slot, else expert e's rows of `down_proj` `[E, H, I]`)."""
+    """`h[e, rows] @ down_e[cols_n].T` `[R, BN]` in fp32 for the `[R]` row indices `rows` of `h`
+    `[E (+1), BM, I]` (`down_e` the shared weight `[H, I]` on the shared expert's slot, else expert
+    e's rows of `down_proj` `[E, H, I]`)."""
     w_base = w_ptr + e.to(tl.int64) * (H * I)
     if HAS_SHARED:
         if shared:
             w_base = sw_ptr
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc = tl.zeros([R, BN], dtype=tl.float32)
     for k0 in range(0, I, BK):
         cols_k = k0 + tl.arange(0, BK)
-        h = tl.load(h_ptr + (e.to(tl.int64) * BM + rows[:, None]) * I + cols_k[None, :])  # [BM, BK]
+        h = tl.load(h_ptr + (e.to(tl.int64) * BM + rows[:, None]) * I + cols_k[None, :])  # [R, BK]
         w = tl.load(w_base + cols_n[:, None] * I + cols_k[None, :])  # [BN, BK]
         if INTERPRET_BF16:
             h, w = h.to(tl.float32), w.to(tl.float32)
@@ -112,47 +205,65 @@ def moe_gate_up_kernel(
     T, E, row_off, s_xt,
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    RB: tl.constexpr, BK_WIDE: tl.constexpr, GATHER: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
     INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
-    slot = tl.program_id(0)
+    slot = _slot_of(tl.program_id(0), T, K, HAS_SHARED, GATHER)
     i_n = tl.program_id(1)
-    n, e, lead, shared, _ = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
-                                         HAS_SHARED)
-    if lead:
-        rows = tl.arange(0, BM)
-        cols = tl.arange(0, KP)
-        ids2 = tl.load(ids_ptr + rows[:, None] * K + cols[None, :],
-                       mask=(rows[:, None] < T) & (cols[None, :] < K), other=-1)
-        # a row is loaded only if it chose e (every counted row chose the shared expert); others
-        # (padding, NaN rows past n) stay zero
-        hits = tl.max((ids2 == e).to(tl.int32), axis=1) + shared.to(tl.int32)  # [BM]
-        member = (rows < n) & (hits > 0)  # [BM]
-        # this program's columns of I
-        cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
-        # gate_up_proj[e] is [2I, H]: gate rows 0..I-1, up rows I..2I-1 (transformers' chunk order)
-        w_base = w_ptr + e.to(tl.int64) * (2 * I * H)
-        if HAS_SHARED:
+    # this program's columns of I
+    cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
+    if GATHER:
+        n, e, lead, shared, _ = _slot_leader_cheap(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP,
+                                                   HAS_NUM_TOKENS, HAS_SHARED)
+        if lead:
             if shared:
-                w_base = sw_ptr
-        acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-        acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(0, H, BK):
-            cols_k = k0 + tl.arange(0, BK)
-            x = tl.load(x_ptr + rows[:, None] * s_xt + cols_k[None, :], mask=member[:, None], other=0.0)
-            wg = tl.load(w_base + cols_n[:, None] * H + cols_k[None, :])  # [BN, BK]
-            wu = tl.load(w_base + (I + cols_n[:, None]) * H + cols_k[None, :])  # [BN, BK]
-            # the interpreter multiplies bf16 bit patterns as integers: upcast there (exact products)
-            if INTERPRET_BF16:
-                x, wg, wu = x.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
-            acc_g = tl.dot(x, tl.trans(wg), acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(x, tl.trans(wu), acc_u, input_precision=PRECISION)
-        # SwiGLU
-        act = acc_g * tl.sigmoid(acc_g) * acc_u  # [BM, BN]
-        if INTERPRET_BF16:
-            act = _round_bf16(act)
-        tl.store(h_ptr + (e.to(tl.int64) * BM + rows[:, None]) * I + cols_n[None, :], act.to(h_ptr.dtype.element_ty))
+                # every counted row: the piece's BM-row tile (its H chunk narrower: shared memory)
+                rows = tl.arange(0, BM)
+                _gate_up_tile(x_ptr, sw_ptr, h_ptr, e, rows, rows < n, s_xt, cols_n, H, I, BM, BM, BN, BK_WIDE,
+                              False, PRECISION, INTERPRET_BF16)
+            else:
+                member = _members(ids_ptr, e, n, T, K, BM, KP)
+                w_base = w_ptr + e.to(tl.int64) * (2 * I * H)
+                for c0 in range(0, tl.sum(member.to(tl.int32)), RB):
+                    r, ok = _gathered(member, c0, BM, RB)
+                    _gate_up_tile(x_ptr, w_base, h_ptr, e, r, ok, s_xt, cols_n, H, I, BM, RB, BN, BK,
+                                  True, PRECISION, INTERPRET_BF16)
+    else:
+        n, e, lead, shared, _ = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
+                                             HAS_SHARED)
+        if lead:
+            # a row is loaded only if it chose e (every counted row chose the shared expert); others
+            # (padding, NaN rows past n) stay zero
+            rows = tl.arange(0, BM)
+            # the scalar as a row vector: the interpreter turns a scalar & vector mask into int32
+            member = _members(ids_ptr, e, n, T, K, BM, KP) | ((rows < n) & ((rows * 0 + shared.to(tl.int32)) > 0))
+            w_base = w_ptr + e.to(tl.int64) * (2 * I * H)
+            if HAS_SHARED:
+                if shared:
+                    w_base = sw_ptr
+            _gate_up_tile(x_ptr, w_base, h_ptr, e, rows, member, s_xt, cols_n, H, I, BM, BM, BN, BK,
+                          False, PRECISION, INTERPRET_BF16)
+
+
+@triton.jit
+def _store_assignments(y_ptr, ids_ptr, acc, e, r, ok, cols_n, T, H: tl.constexpr, K: tl.constexpr, KY: tl.constexpr):
+    """`acc` `[R, BN]` into `y[r, j, cols_n]` for every (row, j) of the `ok` rows `r` that chose
+    `e`: each gets its own copy, so a row naming e twice is counted twice."""
+    for j in tl.static_range(K):
+        e_j = tl.load(ids_ptr + r * K + j, mask=ok & (r < T), other=-1)
+        chose = ok & (e_j == e)
+        tl.store(y_ptr + (r[:, None] * KY + j) * H + cols_n[None, :], acc, mask=chose[:, None])
+
+
+@triton.jit
+def _store_shared(y_ptr, acc, rows, n, T, cols_n, H: tl.constexpr, K: tl.constexpr, KY: tl.constexpr,
+                  WRITE_ALL: tl.constexpr):
+    """The shared expert's `[BM, BN]` output into its assignment K of `y`, for rows below n (WRITE_ALL:
+    below T as well; their inputs were masked to zero, so their output is zero)."""
+    limit = T if WRITE_ALL else n
+    tl.store(y_ptr + (rows[:, None] * KY + K) * H + cols_n[None, :], acc, mask=(rows < limit)[:, None])
 
 
 @triton.jit
@@ -160,35 +271,47 @@ def moe_down_kernel(
     h_ptr, ids_ptr, num_tokens_ptr, w_ptr, sw_ptr, y_ptr,
     T, E, row_off,
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
-    BM: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    RB: tl.constexpr, GATHER: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
     INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr, WRITE_ALL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
-    slot = tl.program_id(0)
+    slot = _slot_of(tl.program_id(0), T, K, HAS_SHARED, GATHER)
     i_n = tl.program_id(1)
     # y's assignments per row: k, and the shared expert's after them
     KY: tl.constexpr = K + 1 if HAS_SHARED else K
-    n, e, lead, shared, valid = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
-                                             HAS_SHARED)
+    if GATHER:
+        n, e, lead, shared, valid = _slot_leader_cheap(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP,
+                                                       HAS_NUM_TOKENS, HAS_SHARED)
+    else:
+        n, e, lead, shared, valid = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP,
+                                                 HAS_NUM_TOKENS, HAS_SHARED)
     rows = tl.arange(0, BM)
     # this program's columns of H; down_proj[e] is [H, I]
     cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
     if lead:
-        # the scalar as a row vector: the interpreter turns a scalar & vector mask into int32
-        shared_rows = (rows * 0 + shared.to(tl.int32)) > 0  # [BM]
-        acc = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BN, BK, HAS_SHARED, PRECISION,
-                         INTERPRET_BF16)
-        # each (row, j) that chose e gets its own copy, so a row naming e twice is counted twice
-        for j in tl.static_range(K):
-            e_j = tl.load(ids_ptr + rows * K + j, mask=rows < T, other=-1)
-            chose = (rows < n) & (e_j == e) & ~shared_rows
-            tl.store(y_ptr + (rows[:, None] * KY + j) * H + cols_n[None, :], acc, mask=chose[:, None])
-        if HAS_SHARED:
-            # WRITE_ALL: rows n..T-1 as well; their inputs were masked to zero, so their output is zero
-            limit = T if WRITE_ALL else n
-            tl.store(y_ptr + (rows[:, None] * KY + K) * H + cols_n[None, :], acc,
-                     mask=((rows < limit) & shared_rows)[:, None])
+        if GATHER:
+            if shared:
+                acc = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BM, BN, BK, HAS_SHARED,
+                                 PRECISION, INTERPRET_BF16)
+                _store_shared(y_ptr, acc, rows, n, T, cols_n, H, K, KY, WRITE_ALL)
+            else:
+                member = _members(ids_ptr, e, n, T, K, BM, KP)
+                for c0 in range(0, tl.sum(member.to(tl.int32)), RB):
+                    r, ok = _gathered(member, c0, BM, RB)
+                    acc_r = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, r, cols_n, H, I, BM, RB, BN, BK, False,
+                                       PRECISION, INTERPRET_BF16)
+                    _store_assignments(y_ptr, ids_ptr, acc_r, e, r, ok, cols_n, T, H, K, KY)
+        else:
+            # the scalar as a row vector: the interpreter turns a scalar & vector mask into int32
+            shared_rows = (rows * 0 + shared.to(tl.int32)) > 0  # [BM]
+            acc = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BM, BN, BK, HAS_SHARED,
+                             PRECISION, INTERPRET_BF16)
+            _store_assignments(y_ptr, ids_ptr, acc, e, rows, (rows < n) & ~shared_rows, cols_n, T, H, K, KY)
+            if HAS_SHARED:
+                if shared:
+                    _store_shared(y_ptr, acc, rows, n, T, cols_n, H, K, KY, WRITE_ALL)
     if WRITE_ALL:
         # every slot of y defined (the partials op's consumer reads y whole): zeros where no expert
         # program writes, an invalid routed assignment (its row past n, its id outside [0, E)) or

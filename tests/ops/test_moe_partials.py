@@ -7,12 +7,13 @@ import math
 import pytest
 import torch
 from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from hybridspec.ops import moe_combine, moe_experts, moe_experts_partials, naive_moe
 from hybridspec.ops.moe import piece_rows
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
-from tests.ops.moe_inputs import MoECase, make_inputs, make_shared, moe_cases
+from tests.ops.moe_inputs import ROUTINGS, MoECase, make_inputs, make_shared, moe_cases
 
 # fp32 products and sums in both; bf16: the SwiGLU rounding flips now and then with summation order
 Y_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
@@ -89,6 +90,47 @@ def test_pieces(device, T, K, n):
         y = moe_experts_partials(hidden, ids, gate_up, down, num_tokens=nt, shared=shared)
     ref = naive_moe.moe_experts_partials(*(None if a is None else a.cpu() for a in (hidden, ids, gate_up, down, nt, *shared)))
     assert_rel(y.cpu(), ref, 1e-5, "y vs naive")
+
+
+@st.composite
+def batched_cases(draw):
+    """A batched round's piece: B sequences of w rows flattened (B * w in 17..64 rows: the gathered
+    tiles), each sequence counting its first `counts[b]` rows and the rest carrying id -1, as
+    `patches.common` marks them; "one_expert" and "shared" routings give an expert more than 16 rows."""
+    B = draw(st.integers(2, 4), label="B")
+    w = draw(st.integers(-(-17 // B), 16), label="w")
+    counts = draw(st.lists(st.integers(0, w), min_size=B, max_size=B), label="counts")
+    case = MoECase(T=B * w, K=draw(st.sampled_from([2, 8]), label="k"), E=draw(st.integers(8, 16), label="E"), H=32,
+                   I=draw(st.sampled_from([16, 32]), label="I"), dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
+                   routing=draw(st.sampled_from(ROUTINGS), label="routing"), n=None, seed=draw(st.integers(0, 2**31 - 1)))
+    return case, w, counts
+
+
+@settings(max_examples=4, deadline=None)
+@given(arg=batched_cases())
+@example(arg=(MoECase(T=64, K=8, E=12, H=32, I=16, dtype=torch.float32, routing="one_expert", n=None, seed=5), 16,
+              [16, 3, 16, 0]))
+def test_batched_piece_matches_naive(device, arg):
+    """Past 16 rows (GATHER) each routed expert's rows are gathered into 16-row tiles and the shared
+    expert keeps the piece's tile: the twin's y for every slot, zeros at the padding rows' ids."""
+    case, w, counts = arg
+    assert piece_rows(case.T) > 16
+    hidden, ids, wts, gate_up, down, _ = make_inputs(case, device)
+    counted = (torch.arange(w)[None, :] < torch.tensor(counts)[:, None]).reshape(-1).to(device)  # [B * w]
+    ids = torch.where(counted[:, None], ids, -1)
+    s_gate_up, s_down, logits = make_shared(case, device)
+    for shared in (None, (s_gate_up, s_down)):
+        with expect_two_launches(case.T):
+            y = moe_experts_partials(hidden, ids, gate_up, down, shared=shared)
+        args = (hidden, ids, gate_up, down, None, *(shared or ()))
+        ref = naive_moe.moe_experts_partials(*(None if a is None else a.cpu() for a in args))
+        assert not torch.isnan(y).any(), "a slot of y was left unwritten"
+        assert_rel(y.cpu(), ref, Y_TOL[case.dtype], "y vs naive")
+        assert torch.equal(y.cpu()[:, : case.K][~counted.cpu()], torch.zeros_like(ref[:, : case.K][~counted.cpu()]))
+    out = moe_experts(hidden, ids, wts, gate_up, down, shared=(s_gate_up, s_down, logits))
+    ref = naive_moe.moe_experts(*(a.cpu() for a in (hidden, ids, wts, gate_up, down)), None,
+                                *(a.cpu() for a in (s_gate_up, s_down, logits)))
+    assert_rel(out.cpu().float(), ref.float(), Y_TOL[case.dtype], "moe_experts vs naive")
 
 
 def test_combine_order_and_masks():
