@@ -56,7 +56,8 @@ def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
     piece = {**SHAPE, "BM": rows, "SP": rows * SHAPE["K"], "RB": 16, "GATHER": rows > 16}
     dims = {k: piece[k] for k in ("H", "I", "K", "BM", "KP", "SP", "RB", "GATHER")}
     compile_sm90(moe_triton.moe_gate_up_kernel, dtype, {**piece, **flags, **prec, "BN": 64, "BK": 256,
-                                                        "BK_WIDE": 128 if rows > 16 else 256})
+                                                        "BK_WIDE": 128 if rows > 16 else 256,
+                                                        "WRITE_ZEROS": rows > 16, "ZB": 256})
     compile_sm90(moe_triton.moe_down_kernel, dtype, {**dims, **flags, **prec, "BN": 64, "BK": 128, "WRITE_ALL": True},
                  fp32_pointers=("y_ptr",), num_warps=2)
     compile_sm90(moe_triton.moe_reduce_kernel, dtype, {"H": 2048, "K": 8, "BN": 1024, **flags},

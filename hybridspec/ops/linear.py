@@ -38,9 +38,14 @@ class LinearKernelConfig:
     """Tiles of `small_linear_kernel`; `benchmarks/bench_kernels.py --sweep` tries other values.
     `block_n` output features per program (N / block_n programs read the weight); `block_k` columns
     per loop step (halved for fp32, and shrunk until `num_stages` pipelined tiles fit in
-    `SMEM_BUDGET`). The row tile is `max(16, next_pow2(M))`, not configurable."""
+    `SMEM_BUDGET`). The row tile is `max(16, next_pow2(M))`, not configurable; above 16 rows
+    `wide_block_n` replaces `block_n`."""
 
     block_n: int = 16
+    # block_n above 16 rows (a batched round's B x 16 rows): every program reads all M rows of x, so
+    # at 64 rows and block_n 16 the programs read 4x the weight's bytes of x (from L2); a tile as
+    # wide as the rows reads as much x as weight
+    wide_block_n: int = 64
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 4
@@ -64,7 +69,7 @@ KERNEL_CONFIG = LinearKernelConfig()
 def _tiles(cfg: LinearKernelConfig, M: int, K: int, element_size: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) for a call; tl.dot wants every side >= 16 and a power of two."""
     bm = min(MAX_ROWS, max(16, next_pow2(M)))
-    bn = max(16, next_pow2(cfg.block_n))
+    bn = max(16, next_pow2(cfg.block_n if bm <= 16 else cfg.wide_block_n))
     bk = max(16, next_pow2(cfg.block_k))
     if element_size == 4:
         # fp32 tiles take twice the bytes: half the columns per step keep the stages' footprint

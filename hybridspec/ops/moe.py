@@ -47,6 +47,10 @@ class MoEKernelConfig:
     gate_up_warps: int = 4
     # H columns per down program, and I chunk per loop step of down
     down_block_h: int = 64
+    # the same past 16 rows (GATHER pieces, a batch of verification windows): the down grid is
+    # (T * k + 1) x H / block: at 64 rows and top-8, 16k programs at 64 columns, most of them
+    # exiting at once
+    down_block_h_wide: int = 128
     down_block_i: int = 128
     down_warps: int = 2
     # software-pipelined weight loads in flight per program (both weight kernels)
@@ -117,14 +121,15 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
     bn, bk = _block(cfg.gate_up_block_i, I), _block(cfg.gate_up_block_h, H)
     bk_wide = _block(min(cfg.gate_up_block_h, WIDE_PIECE_BLOCK_H), H)
     moe_gate_up_kernel[(slots, I // bn)](
-        x, ids, nt, gate_up, s_gate_up, h,
+        x, ids, nt, gate_up, s_gate_up, h, y,
         T, E, row_off, x.stride(0),
         H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk, RB=BLOCK_ROWS, BK_WIDE=bk_wide, GATHER=gather,
+        WRITE_ZEROS=gather and out is None, ZB=min(256, next_pow2(H)),
         HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=pdl,
         num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
     count_launch("moe_gate_up")
-    bn, bk = _block(cfg.down_block_h, H), _block(cfg.down_block_i, I)
+    bn, bk = _block(cfg.down_block_h if not gather else cfg.down_block_h_wide, H), _block(cfg.down_block_i, I)
     moe_down_kernel[(slots, H // bn)](
         h, ids, nt, down, s_down, y,
         T, E, row_off,

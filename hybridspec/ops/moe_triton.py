@@ -126,6 +126,27 @@ def _slot_leader_cheap(ids_ptr, num_tokens_ptr, slot, T, E, row_off,
 
 
 @triton.jit
+def _zero_unwritten(y_ptr, slot, lead, shared, valid, T, H: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
+                    NPROG: tl.constexpr, ZB: tl.constexpr, HAS_SHARED: tl.constexpr):
+    """Zeros into the slots of `y` `[BM, k (+1), H]` no expert program writes: an invalid routed
+    assignment's row of H, and the shared expert's slot of a piece with no counted row. The slot's
+    NPROG programs (grid axis 1) take every NPROG-th ZB-wide chunk of H each."""
+    KY: tl.constexpr = K + 1 if HAS_SHARED else K
+    i_p = tl.program_id(1)
+    if (slot < T * K) & ~valid:
+        for c0 in range(i_p * ZB, H, NPROG * ZB):
+            c = c0 + tl.arange(0, ZB)
+            tl.store(y_ptr + ((slot // K) * KY + slot % K) * H + c, tl.zeros([ZB], dtype=tl.float32), mask=c < H)
+    if HAS_SHARED:
+        if shared & ~lead:
+            rows = tl.arange(0, BM)
+            for c0 in range(i_p * ZB, H, NPROG * ZB):
+                c = c0 + tl.arange(0, ZB)
+                tl.store(y_ptr + (rows[:, None] * KY + K) * H + c[None, :], tl.zeros([BM, ZB], dtype=tl.float32),
+                         mask=(rows < T)[:, None] & (c < H)[None, :])
+
+
+@triton.jit
 def _members(ids_ptr, e, n, T, K: tl.constexpr, BM: tl.constexpr, KP: tl.constexpr):
     """[BM]: the piece's counted rows that chose expert `e` (at any of their k assignments)."""
     rows = tl.arange(0, BM)
@@ -201,11 +222,11 @@ def _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n,
 
 @triton.jit
 def moe_gate_up_kernel(
-    x_ptr, ids_ptr, num_tokens_ptr, w_ptr, sw_ptr, h_ptr,
+    x_ptr, ids_ptr, num_tokens_ptr, w_ptr, sw_ptr, h_ptr, y_ptr,
     T, E, row_off, s_xt,
     H: tl.constexpr, I: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    RB: tl.constexpr, BK_WIDE: tl.constexpr, GATHER: tl.constexpr,
+    RB: tl.constexpr, BK_WIDE: tl.constexpr, GATHER: tl.constexpr, WRITE_ZEROS: tl.constexpr, ZB: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
     INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -215,8 +236,12 @@ def moe_gate_up_kernel(
     # this program's columns of I
     cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
     if GATHER:
-        n, e, lead, shared, _ = _slot_leader_cheap(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP,
-                                                   HAS_NUM_TOKENS, HAS_SHARED)
+        n, e, lead, shared, valid = _slot_leader_cheap(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP,
+                                                       HAS_NUM_TOKENS, HAS_SHARED)
+        if WRITE_ZEROS:
+            # the partials op's zeros, written here rather than by the down kernel, whose grid is 4x
+            # this one's (H / its BN column blocks a slot): the down kernel writes only expert outputs
+            _zero_unwritten(y_ptr, slot, lead, shared, valid, T, H, K, BM, I // BN, ZB, HAS_SHARED)
         if lead:
             if shared:
                 # every counted row: the piece's BM-row tile (its H chunk narrower: shared memory)
@@ -312,10 +337,11 @@ def moe_down_kernel(
             if HAS_SHARED:
                 if shared:
                     _store_shared(y_ptr, acc, rows, n, T, cols_n, H, K, KY, WRITE_ALL)
-    if WRITE_ALL:
+    if WRITE_ALL and not GATHER:
         # every slot of y defined (the partials op's consumer reads y whole): zeros where no expert
         # program writes, an invalid routed assignment (its row past n, its id outside [0, E)) or
-        # the shared expert's slot of a piece with no counted row; duplicates get their leader's copy
+        # the shared expert's slot of a piece with no counted row; duplicates get their leader's
+        # copy. In GATHER pieces the gate/up kernel writes these zeros (`_zero_unwritten`)
         if (slot < T * K) & ~valid:
             tl.store(y_ptr + ((slot // K) * KY + slot % K) * H + cols_n, tl.zeros([BN], dtype=tl.float32))
         if HAS_SHARED:
