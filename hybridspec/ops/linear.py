@@ -44,8 +44,11 @@ class LinearKernelConfig:
     block_n: int = 16
     # block_n above 16 rows (a batched round's B x 16 rows): every program reads all M rows of x, so
     # at 64 rows and block_n 16 the programs read 4x the weight's bytes of x (from L2); a tile as
-    # wide as the rows reads as much x as weight
+    # wide as the rows reads as much x as weight. Halved (down to block_n) while the grid would have
+    # fewer than `min_programs` programs: the router's 257 outputs keep 16. On the H200 at B = 4,
+    # the out projections 7.0 against 14.1 us (docs/benchmarks.md, "The batched round's tiles")
     wide_block_n: int = 64
+    min_programs: int = 128
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 4
@@ -66,10 +69,15 @@ class LinearKernelConfig:
 KERNEL_CONFIG = LinearKernelConfig()
 
 
-def _tiles(cfg: LinearKernelConfig, M: int, K: int, element_size: int) -> tuple[int, int, int]:
+def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element_size: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) for a call; tl.dot wants every side >= 16 and a power of two."""
     bm = min(MAX_ROWS, max(16, next_pow2(M)))
-    bn = max(16, next_pow2(cfg.block_n if bm <= 16 else cfg.wide_block_n))
+    narrow = max(16, next_pow2(cfg.block_n))
+    bn = narrow
+    if bm > 16:
+        bn = max(narrow, next_pow2(cfg.wide_block_n))
+        while bn > narrow and -(-N // bn) * splits < cfg.min_programs:
+            bn //= 2
     bk = max(16, next_pow2(cfg.block_k))
     if element_size == 4:
         # fp32 tiles take twice the bytes: half the columns per step keep the stages' footprint
@@ -87,7 +95,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
     cfg = KERNEL_CONFIG
     M, K = x.shape
     N = weight.shape[0]
-    bm, bn, bk = _tiles(cfg, M, K, x.element_size())
+    bm, bn, bk = _tiles(cfg, M, N, K, splits, x.element_size())
     span = K
     if splits > 1:
         span = split_span(K, splits)

@@ -47,10 +47,6 @@ class MoEKernelConfig:
     gate_up_warps: int = 4
     # H columns per down program, and I chunk per loop step of down
     down_block_h: int = 64
-    # the same past 16 rows (GATHER pieces, a batch of verification windows): the down grid is
-    # (T * k + 1) x H / block: at 64 rows and top-8, 16k programs at 64 columns, most of them
-    # exiting at once
-    down_block_h_wide: int = 128
     down_block_i: int = 128
     down_warps: int = 2
     # software-pipelined weight loads in flight per program (both weight kernels)
@@ -129,7 +125,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
     count_launch("moe_gate_up")
-    bn, bk = _block(cfg.down_block_h if not gather else cfg.down_block_h_wide, H), _block(cfg.down_block_i, I)
+    bn, bk = _block(cfg.down_block_h, H), _block(cfg.down_block_i, I)
     moe_down_kernel[(slots, H // bn)](
         h, ids, nt, down, s_down, y,
         T, E, row_off,

@@ -371,3 +371,15 @@ def test_drafts_with_split_out_projections(device, monkeypatch):
             split = draft()
     assert torch.equal(split.tokens, plain.tokens)
     assert_rel(split.confidence.cpu(), plain.confidence.cpu(), 1e-5, "confidence")
+
+
+def test_tiles_widen_past_16_rows_while_the_grid_stays_full():
+    """Above 16 rows each program reads all M rows of x: the tile widens to `wide_block_n` (as much
+    x as weight per program) unless the grid would fall under `min_programs` (the router's 257
+    outputs), and at 16 rows or fewer it is `block_n`."""
+    cfg = linear_ops.LinearKernelConfig()
+    assert linear_ops._tiles(cfg, 16, 2048, 4096, 4, 2)[1] == cfg.block_n == 16
+    assert linear_ops._tiles(cfg, 64, 2048, 4096, 4, 2)[:2] == (64, 64)
+    assert linear_ops._tiles(cfg, 64, 257, 2048, 4, 2)[1] == 16
+    assert linear_ops._tiles(cfg, 32, 1024, 2048, 4, 2)[1] == 32
+    assert linear_ops._tiles(replace(cfg, wide_block_n=16), 64, 2048, 4096, 4, 2)[1] == 16
