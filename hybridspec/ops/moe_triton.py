@@ -35,7 +35,9 @@ BM-row tile would multiply 48 zero rows for an expert two rows chose (at B = 4 o
 the batched round's weight kernels took 1.6x B = 1's time per expert). The shared expert, which
 every row chose, keeps the BM-row tile and runs first (grid slot 0), so it is not the tail. Its
 program count is the same; invalid slots (the batch's padding rows carry id -1) exit after two
-scalar loads instead of comparing the whole piece's ids.
+scalar loads instead of comparing the whole piece's ids, and in the partials op their zeros come
+from the gate/up grid (`_zero_unwritten`), a quarter the size of the down grid. On the H200 at
+B = 4 the round's MoE blocks took 16-20% less (docs/benchmarks.md, "The batched round's tiles").
 
 With USE_PDL (programmatic dependent launch, sm90+) each kernel may launch while the one before it
 runs, and waits for it first thing (`pdl_enter`, hybridspec/ops/pdl_triton.py).
