@@ -39,11 +39,13 @@ Side by side in one run:
     python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
     python benchmarks/bench_runner.py --skip-hf --only-round-kernels   # every kernel of one whole round, w = 1 and 16
     python benchmarks/bench_runner.py --split-batch 4   # the per-part split of a batched round (B = 4)
+    python benchmarks/bench_runner.py --skip-hf --split-batch 4 --split-variants 'gdn:BV=64;moe:down_block_h=32'   # A/B, one process
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -423,6 +425,16 @@ def batch_split(model, drafter, args, result: dict) -> None:
     print(f"the split at a batch of {B} (w rows per sequence, {B} x w verified; distinct pairs over the batch: "
           f"{distinct})")
     print_split(split, kernels)
+    # each --split-variants config in this process, on the same weights and prompts, after the
+    # run's own: the A/B of a tile at the batched shapes within one call
+    rows = result["batch_split"]["variants"] = []
+    for kind, changes in split_variants(args.split_variants):
+        with config_variant(kind, changes):
+            split, kernels, _ = component_split(model, drafter, prompt)
+        label = kind + ": " + ",".join(f"{k}={v}" for k, v in changes.items())
+        rows.append(dict(kind=kind, variant=changes, split={str(w): v for w, v in split.items()}, kernels_at_w1=kernels))
+        print(f"the split at a batch of {B} under {label}")
+        print_split(split, kernels)
     write_json(Path(args.out) / "runner.json", result)
 
 
@@ -547,25 +559,56 @@ def _assignments(text: str) -> list[tuple[str, str]]:
 
 
 def _config_module(kind: str):
-    """The module whose `KERNEL_CONFIG` a variant of this kind changes."""
-    from hybridspec.ops import linear, moe
+    """The module whose `KERNEL_CONFIG` a variant of this kind changes ("gdn": the verify kernel's
+    `VERIFY_CONFIG` dict of hybridspec/ops/gdn.py, through `_kernel_config`)."""
+    from hybridspec.ops import gdn, linear, moe
 
-    return {"linear": linear, "moe": moe}[kind]
+    return {"linear": linear, "moe": moe, "gdn": gdn}[kind]
+
+
+def _kernel_config(kind: str) -> dict:
+    """The current fields of the `kind` config as a dict."""
+    from dataclasses import asdict
+
+    module = _config_module(kind)
+    return dict(module.VERIFY_CONFIG) if kind == "gdn" else asdict(module.KERNEL_CONFIG)
+
+
+@contextlib.contextmanager
+def config_variant(kind: str, changes: dict):
+    """The `kind` config with `changes` applied inside the block, restored after: kernels read it at
+    launch, so graphs captured inside run the variant."""
+    from dataclasses import replace
+
+    module = _config_module(kind)
+    if kind == "gdn":
+        saved = dict(module.VERIFY_CONFIG)
+        module.VERIFY_CONFIG.update(changes)
+        try:
+            yield
+        finally:
+            module.VERIFY_CONFIG.clear()
+            module.VERIFY_CONFIG.update(saved)
+        return
+    saved = module.KERNEL_CONFIG
+    module.KERNEL_CONFIG = replace(saved, **changes)
+    try:
+        yield
+    finally:
+        module.KERNEL_CONFIG = saved
 
 
 def _config_fields(text: str, kind: str, option: str) -> dict:
     """`name=value,...` -> those fields of the `kind` config (`_config_module`) as ints; an unknown
     field, a non-integer value or a split count outside 1..16 stops the run, naming `option`."""
-    from dataclasses import asdict
-
     from hybridspec.ops import linear
 
-    config = _config_module(kind).KERNEL_CONFIG
-    fields = asdict(config)
+    fields = _kernel_config(kind)
     changes = {}
     for name, value in _assignments(text):
         if name not in fields:
-            raise SystemExit(f"{option}: {type(config).__name__} has no field {name!r}")
+            config = "VERIFY_CONFIG" if kind == "gdn" else type(_config_module(kind).KERNEL_CONFIG).__name__
+            raise SystemExit(f"{option}: {config} has no field {name!r}")
         try:
             changes[name] = int(value)
         except ValueError:
@@ -583,23 +626,31 @@ def config_variants(text: str, kind: str = "linear") -> list[tuple[str, dict]]:
     return [(kind, _config_fields(part, kind, f"--ar-{kind}")) for part in text.split(";") if part]
 
 
+def split_variants(text: str) -> list[tuple[str, dict]]:
+    """`--split-variants "moe:down_block_h=32;linear:wide_block_n=32;gdn:BV=64"` -> one `(kind,
+    fields)` per `;`-separated variant, the kind before the colon ("linear", "moe" or "gdn"), checked
+    before anything is built."""
+    out = []
+    for part in text.split(";"):
+        if not part:
+            continue
+        kind, sep, fields = part.partition(":")
+        if not sep or kind not in ("linear", "moe", "gdn"):
+            raise SystemExit(f"--split-variants: {part!r} must be kind:name=value,... with kind linear, moe or gdn")
+        out.append((kind, _config_fields(fields, kind, "--split-variants")))
+    return out
+
+
 def ar_variants(model, prompt, new, variants: list[tuple[str, dict]], reference: torch.Tensor) -> list[dict]:
     """The AR step under each variant of a kernel config (`LinearKernelConfig` fields over this run's
     config: split-K output projections, router GEMMs and input projections; or `MoEKernelConfig`
     tiles), in this process one after another, the library's configs restored after; whether each
     decodes the tokens `reference` holds (bf16 random weights are near-tied, so a differing token is
     rounding, and the fp32 GPU tests decide exactness)."""
-    from dataclasses import replace
-
     rows = []
     for kind, changes in variants:
-        module = _config_module(kind)
-        saved = module.KERNEL_CONFIG
-        try:
-            module.KERNEL_CONFIG = replace(saved, **changes)
+        with config_variant(kind, changes):
             ms, _, out, _ = our_ar(model, prompt, new)
-        finally:
-            module.KERNEL_CONFIG = saved
         rows.append(dict(kind=kind, variant=changes, ms_per_token=ms, same_tokens=bool(torch.equal(out, reference))))
     return rows
 
@@ -680,12 +731,19 @@ def main() -> None:
     parser.add_argument("--split-batch", type=int, default=0,
                         help="only the per-part split and its kernel lists for a batch of this many rows (2..4: "
                              "the batched round's shapes), then stop")
+    parser.add_argument("--split-variants", default="",
+                        help="with --split-batch, the split again under each of these ';'-separated kernel config "
+                             "variants, e.g. 'moe:down_block_h=32;linear:wide_block_n=32;gdn:BV=64' (one process, "
+                             "same weights and prompts)")
     parser.add_argument("--ar-moe", default="",
                         help="after the AR row (and any --ar-linear variants), the AR step under each of these "
                              "';'-separated MoEKernelConfig variants, e.g. 'gate_up_block_i=32;down_block_h=32'")
     args = parser.parse_args()
     if args.split_batch and not 2 <= args.split_batch <= 4:
         raise SystemExit(f"--split-batch must be in 2..4 (the batched round's sizes), got {args.split_batch}")
+    if args.split_variants and not args.split_batch:
+        raise SystemExit("--split-variants needs --split-batch (it repeats the batched split)")
+    split_variants(args.split_variants)
     inductor = inductor_settings(args.inductor)
     linear_cfg = linear_config(args.linear)
     moe_cfg = moe_config(args.moe)

@@ -168,3 +168,35 @@ def test_print_split_lists_every_part_and_skips_unmeasured_kernels(capsys):
     out = capsys.readouterr().out
     assert "gdn: 9.0 kernels per layer" in out and "16.2 us  x1.0  nvjet" in out and "stage0_compiled" not in out
     assert "gdn ms" in out and "moe ms" in out and "8.5" in out
+
+
+def test_split_variants_parse_each_kind_and_stop_on_bad_input():
+    from benchmarks.bench_runner import split_variants
+
+    got = split_variants("moe:down_block_h=32;linear:wide_block_n=32,min_programs=64;gdn:BV=64;")
+    assert got == [("moe", {"down_block_h": 32}), ("linear", {"wide_block_n": 32, "min_programs": 64}),
+                   ("gdn", {"BV": 64})]
+    assert split_variants("") == []
+    with pytest.raises(SystemExit, match="kind:name=value"):
+        split_variants("down_block_h=32")
+    with pytest.raises(SystemExit, match="kind:name=value"):
+        split_variants("attention:block_n=32")
+    with pytest.raises(SystemExit, match="VERIFY_CONFIG has no field 'BQ'"):
+        split_variants("gdn:BQ=64")
+    with pytest.raises(SystemExit, match="MoEKernelConfig has no field 'fused'"):
+        split_variants("moe:fused=1")
+
+
+def test_a_config_variant_applies_inside_and_restores_after():
+    from benchmarks.bench_runner import config_variant
+    from hybridspec.ops import gdn, linear, moe
+
+    before = (dict(gdn.VERIFY_CONFIG), linear.KERNEL_CONFIG, moe.KERNEL_CONFIG)
+    with config_variant("gdn", {"BV": 64}):
+        assert gdn.VERIFY_CONFIG["BV"] == 64 and gdn.VERIFY_CONFIG["BK"] == before[0]["BK"]
+    with config_variant("linear", {"wide_block_n": 32}):
+        assert linear.KERNEL_CONFIG.wide_block_n == 32
+    with pytest.raises(RuntimeError), config_variant("moe", {"down_block_h": 32}):
+        assert moe.KERNEL_CONFIG.down_block_h == 32
+        raise RuntimeError("a failed measurement")
+    assert (dict(gdn.VERIFY_CONFIG), linear.KERNEL_CONFIG, moe.KERNEL_CONFIG) == before
