@@ -191,33 +191,36 @@ def _part_of(name: str) -> str:
     return "other"
 
 
-def component_bytes(model, drafter, distinct_pairs: int, context: int) -> dict[str, int]:
+def component_bytes(model, drafter, distinct_pairs: int, context: int, batch: int = 1) -> dict[str, int]:
     """Bytes each part of the split must read at least, as `bytes_bound` counts them (each weight
     once, each distinct (layer, expert) once, no embedding table): `gdn` its mixers' weights and
     fp32 states; `attention` its mixers' weights and the `context` cached keys and values each layer
     holds; `moe` every block's router, shared expert and gate, and `distinct_pairs` experts;
     `lm_head_accept` the head and the final norm; `drafter` its own weights and the target's head,
     which its top-1 reads (its context cache left out); `other` the layer norms. Without `drafter`
-    and at context 0 the parts add up to `bytes_bound`'s total."""
+    and at context 0 the parts add up to `bytes_bound`'s total. `batch` sequences: the states and
+    the cached keys and values per sequence, the weights once (`distinct_pairs` the batch's union)."""
     parts, per_expert, states = _target_bytes(model)
     cfg = model.config
     parts["moe"] += distinct_pairs * per_expert
-    parts["gdn"] += states
+    parts["gdn"] += batch * states
     parts["drafter"] = parts["lm_head_accept"] + sum(p.numel() * p.element_size() for p in drafter.parameters())
     attn = sum(t == "full_attention" for t in cfg.layer_types)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     itemsize = model.lm_head.weight.element_size()
-    parts["attention"] += attn * context * cfg.num_key_value_heads * head_dim * 2 * itemsize
+    parts["attention"] += batch * attn * context * cfg.num_key_value_heads * head_dim * 2 * itemsize
     return parts
 
 
-def split_bounds(model, drafter, split: dict, distinct: dict, context: int, bandwidth_gbs: float) -> tuple[dict, list]:
+def split_bounds(model, drafter, split: dict, distinct: dict, context: int, bandwidth_gbs: float,
+                 batch: int = 1) -> tuple[dict, list]:
     """The split's bytes bounds: (per w as a string, each part's bound in ms and the distinct pairs;
     table rows [w, distinct pairs, time / bound per part of `BOUND_PARTS`]), `split` and `distinct`
-    keyed by int w."""
+    keyed by int w; `batch` sequences of `context` cached positions each (`component_bytes`)."""
     bounds, rows = {}, []
     for w, times in split.items():
-        ms = {k: b / (bandwidth_gbs * 1e9) * 1e3 for k, b in component_bytes(model, drafter, distinct[w], context).items()}
+        parts = component_bytes(model, drafter, distinct[w], context, batch)
+        ms = {k: b / (bandwidth_gbs * 1e9) * 1e3 for k, b in parts.items()}
         bounds[str(w)] = dict(ms, distinct_pairs=distinct[w])
         rows.append([w, distinct[w], *(times[k] / ms[k] for k in BOUND_PARTS)])
     return bounds, rows
@@ -425,6 +428,12 @@ def batch_split(model, drafter, args, result: dict) -> None:
     print(f"the split at a batch of {B} (w rows per sequence, {B} x w verified; distinct pairs over the batch: "
           f"{distinct})")
     print_split(split, kernels)
+    bandwidth = result["copy_bandwidth_gbs"]
+    result["batch_split"]["bound_ms"], bound_rows = split_bounds(model, drafter, split, distinct, args.prompt,
+                                                                 bandwidth, batch=B)
+    print(f"each part's time over its bytes bound (component_bytes: weights once, each distinct expert of the "
+          f"batch's union once, {B} sequences' states and KV; at the copy bandwidth, {bandwidth:.0f} GB/s)")
+    print_table(["w", "distinct (layer, expert)", *BOUND_PARTS], bound_rows)
     # each --split-variants config in this process, on the same weights and prompts, after the
     # run's own: the A/B of a tile at the batched shapes within one call
     rows = result["batch_split"]["variants"] = []

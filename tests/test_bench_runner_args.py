@@ -86,6 +86,13 @@ def test_the_parts_bytes_add_up_to_the_verification_bound():
     assert at10["attention"] - parts["attention"] == kv
     # the drafter reads its own weights and the target's head
     assert parts["drafter"] == parts["lm_head_accept"] + sum(p.numel() * p.element_size() for p in drafter.parameters())
+    # a batch of 3 reads the weights once and each sequence's GDN states and cached keys and values
+    b3 = component_bytes(model, drafter, distinct_pairs=37, context=10, batch=3)
+    gdn_weights = parts["gdn"] - (component_bytes(model, drafter, 37, 0, batch=2)["gdn"] - parts["gdn"])
+    assert b3["gdn"] - gdn_weights == 3 * (parts["gdn"] - gdn_weights)
+    assert b3["attention"] - parts["attention"] == 3 * kv
+    assert {k: b3[k] for k in ("moe", "lm_head_accept", "drafter", "other")} == {
+        k: parts[k] for k in ("moe", "lm_head_accept", "drafter", "other")}
 
 
 def test_the_split_is_divided_by_each_parts_bound():
