@@ -59,8 +59,9 @@ def test_matches_naive(device, case):
             assert torch.equal(y.cpu()[case.n :, -1], torch.zeros_like(y.cpu()[case.n :, -1]))
 
 
+# up to 16 rows: the gathered pieces past 16 rows are test_batched_piece_matches_naive's, both ops
 @settings(max_examples=10)
-@given(case=moe_cases(max_tokens=20))
+@given(case=moe_cases(max_tokens=16))
 @example(case=MoECase(T=1, K=8, E=16, H=64, I=32, dtype=torch.bfloat16, routing="random", n=None, seed=3))
 @example(case=MoECase(T=16, K=8, E=12, H=48, I=16, dtype=torch.bfloat16, routing="repeat", n=11, seed=4))
 def test_combined_is_moe_experts(device, case):
@@ -100,15 +101,16 @@ def batched_cases(draw):
     B = draw(st.integers(2, 4), label="B")
     w = draw(st.integers(-(-17 // B), 16), label="w")
     counts = draw(st.lists(st.integers(0, w), min_size=B, max_size=B), label="counts")
-    case = MoECase(T=B * w, K=draw(st.sampled_from([2, 8]), label="k"), E=draw(st.integers(8, 16), label="E"), H=32,
+    # k = 1 or 2 keeps the interpreter's slot grid small; top-8 at 64 rows runs in the GPU cases
+    case = MoECase(T=B * w, K=draw(st.sampled_from([1, 2]), label="k"), E=draw(st.integers(8, 16), label="E"), H=32,
                    I=draw(st.sampled_from([16, 32]), label="I"), dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
                    routing=draw(st.sampled_from(ROUTINGS), label="routing"), n=None, seed=draw(st.integers(0, 2**31 - 1)))
     return case, w, counts
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(arg=batched_cases())
-@example(arg=(MoECase(T=64, K=8, E=12, H=32, I=16, dtype=torch.float32, routing="one_expert", n=None, seed=5), 16,
+@example(arg=(MoECase(T=64, K=2, E=12, H=32, I=16, dtype=torch.float32, routing="one_expert", n=None, seed=5), 16,
               [16, 3, 16, 0]))
 def test_batched_piece_matches_naive(device, arg):
     """Past 16 rows (GATHER) each routed expert's rows are gathered into 16-row tiles and the shared
