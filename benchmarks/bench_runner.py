@@ -435,8 +435,10 @@ def batch_split(model, drafter, args, result: dict) -> None:
           f"batch's union once, {B} sequences' states and KV; at the copy bandwidth, {bandwidth:.0f} GB/s)")
     print_table(["w", "distinct (layer, expert)", *BOUND_PARTS], bound_rows)
     # each --split-variants config in this process, on the same weights and prompts, after the
-    # run's own: the A/B of a tile at the batched shapes within one call
+    # run's own: the A/B of a tile at the batched shapes within one call; written after each, so a
+    # variant that fails keeps what was measured before it
     rows = result["batch_split"]["variants"] = []
+    write_json(Path(args.out) / "runner.json", result)
     for kind, changes in split_variants(args.split_variants):
         with config_variant(kind, changes):
             split, kernels, _ = component_split(model, drafter, prompt)
@@ -444,7 +446,7 @@ def batch_split(model, drafter, args, result: dict) -> None:
         rows.append(dict(kind=kind, variant=changes, split={str(w): v for w, v in split.items()}, kernels_at_w1=kernels))
         print(f"the split at a batch of {B} under {label}")
         print_split(split, kernels)
-    write_json(Path(args.out) / "runner.json", result)
+        write_json(Path(args.out) / "runner.json", result)
 
 
 def round_costs(model, drafter, prompt, continuation, compile_front: bool, new: int = 64) -> dict:

@@ -7,8 +7,9 @@ slot's program exits at once. So each selected expert is handled by exactly one 
 weights are read once per call however many rows chose it, without sorting or host syncs.
 
 1. `moe_gate_up_kernel`, grid (slots, I / BN): the leading program of expert e multiplies all rows
-   that chose e (others masked to zero, padded to BM rows for tl.dot) by its BN-row tiles of the
-   gate and up projections and stores `silu(gate) * up` `[BM, BN]` into expert e's rows of `h`.
+   that chose e (others masked to zero, padded to BM rows for tl.dot; in GATHER pieces gathered
+   into 16-row tiles, below) by its BN-row tiles of the gate and up projections and stores
+   `silu(gate) * up` into expert e's rows of `h`.
 2. `moe_down_kernel`, grid (slots, H / BN): the leading program multiplies `h[e]` `[BM, I]` by a
    BN-row tile of the down projection and stores the result for every (row, j) that chose e into
    the per-assignment buffer `y` `[BM, k, H]` (fp32).
@@ -19,7 +20,8 @@ weights are read once per call however many rows chose it, without sorting or ho
 consumer adding it (`moe_combine`, plain torch that inductor fuses into the residual add after the
 block: one launch a layer less). There the down kernel runs with WRITE_ALL: the programs of slots
 no expert program writes (invalid assignments, the shared slot of a piece with no counted row)
-store zeros, so every slot of `y` is defined.
+store zeros, so every slot of `y` is defined (in GATHER pieces the gate/up programs of those slots
+store them instead).
 
 With HAS_SHARED the block's shared expert runs as one more slot, slot T * k, chosen by every counted
 row: its gate/up and down programs read the shared weights (`[2I, H]`, `[H, I]`, expert index E of
@@ -31,13 +33,15 @@ routed and shared experts together, instead of the shared expert's own GEMMs and
 Pieces of more than 16 rows (GATHER: a batch of verification windows, B x w rows) tile each routed
 expert by the rows that chose it, not by the piece: its leading program gathers those rows into
 16-row tiles (RB) and loops over them (one tile but for an expert more than 16 rows chose), where a
-BM-row tile would multiply 48 zero rows for an expert two rows chose (at B = 4 on the 35B-A3B shape
+BM-row tile would multiply 62 zero rows for an expert two rows chose (at B = 4 on the 35B-A3B shape
 the batched round's weight kernels took 1.6x B = 1's time per expert). The shared expert, which
-every row chose, keeps the BM-row tile and runs first (grid slot 0), so it is not the tail. Its
-program count is the same; invalid slots (the batch's padding rows carry id -1) exit after two
-scalar loads instead of comparing the whole piece's ids, and in the partials op their zeros come
-from the gate/up grid (`_zero_unwritten`), a quarter the size of the down grid. On the H200 at
-B = 4 the round's MoE blocks took 16-20% less (docs/benchmarks.md, "The batched round's tiles").
+every row chose, keeps the BM-row tile and takes grid slot 0, so its programs are the first of each
+column of the grid rather than the last. The program count is the same; invalid slots (the batch's
+padding rows carry id -1) exit after two scalar loads instead of comparing the whole piece's ids,
+and in the partials op their zeros come from the gate/up grid (`_zero_unwritten`), which has I / H
+of the down grid's programs (a quarter at the 35B-A3B shape). On the H200 at B = 4 the round's MoE
+blocks took 16-20% less (docs/benchmarks.md, "The batched round's tiles"). Pieces of up to 16 rows
+(B = 1) compile to the instructions they had before GATHER existed.
 
 With USE_PDL (programmatic dependent launch, sm90+) each kernel may launch while the one before it
 runs, and waits for it first thing (`pdl_enter`, hybridspec/ops/pdl_triton.py).
@@ -235,14 +239,14 @@ def moe_gate_up_kernel(
     pdl_enter(USE_PDL)
     slot = _slot_of(tl.program_id(0), T, K, HAS_SHARED, GATHER)
     i_n = tl.program_id(1)
-    # this program's columns of I
-    cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
     if GATHER:
+        # this program's columns of I
+        cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
         n, e, lead, shared, valid = _slot_leader_cheap(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP,
                                                        HAS_NUM_TOKENS, HAS_SHARED)
         if WRITE_ZEROS:
-            # the partials op's zeros, written here rather than by the down kernel, whose grid is 4x
-            # this one's (H / its BN column blocks a slot): the down kernel writes only expert outputs
+            # the partials op's zeros, written here rather than by the down kernel, whose grid has
+            # H / I times this one's programs (4x at the 35B-A3B shape): down writes expert outputs only
             _zero_unwritten(y_ptr, slot, lead, shared, valid, T, H, K, BM, I // BN, ZB, HAS_SHARED)
         if lead:
             if shared:
@@ -258,14 +262,21 @@ def moe_gate_up_kernel(
                     _gate_up_tile(x_ptr, w_base, h_ptr, e, r, ok, s_xt, cols_n, H, I, BM, RB, BN, BK,
                                   True, PRECISION, INTERPRET_BF16)
     else:
+        # pieces of up to 16 rows: the kernel as it was before GATHER, statement for statement, so
+        # B = 1's compiled code (and the gates measured on it) stay as they were
         n, e, lead, shared, _ = _slot_leader(ids_ptr, num_tokens_ptr, slot, T, E, row_off, K, SP, HAS_NUM_TOKENS,
                                              HAS_SHARED)
         if lead:
+            rows = tl.arange(0, BM)
+            cols = tl.arange(0, KP)
+            ids2 = tl.load(ids_ptr + rows[:, None] * K + cols[None, :],
+                           mask=(rows[:, None] < T) & (cols[None, :] < K), other=-1)
             # a row is loaded only if it chose e (every counted row chose the shared expert); others
             # (padding, NaN rows past n) stay zero
-            rows = tl.arange(0, BM)
-            # the scalar as a row vector: the interpreter turns a scalar & vector mask into int32
-            member = _members(ids_ptr, e, n, T, K, BM, KP) | ((rows < n) & ((rows * 0 + shared.to(tl.int32)) > 0))
+            hits = tl.max((ids2 == e).to(tl.int32), axis=1) + shared.to(tl.int32)  # [BM]
+            member = (rows < n) & (hits > 0)  # [BM]
+            # this program's columns of I
+            cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
             w_base = w_ptr + e.to(tl.int64) * (2 * I * H)
             if HAS_SHARED:
                 if shared:
@@ -317,8 +328,9 @@ def moe_down_kernel(
     rows = tl.arange(0, BM)
     # this program's columns of H; down_proj[e] is [H, I]
     cols_n = i_n * BN + tl.arange(0, BN)  # [BN]
-    if lead:
-        if GATHER:
+    if GATHER:
+        # the zeros of slots no expert program writes came from the gate/up kernel (`_zero_unwritten`)
+        if lead:
             if shared:
                 acc = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BM, BN, BK, HAS_SHARED,
                                  PRECISION, INTERPRET_BF16)
@@ -330,26 +342,33 @@ def moe_down_kernel(
                     acc_r = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, r, cols_n, H, I, BM, RB, BN, BK, False,
                                        PRECISION, INTERPRET_BF16)
                     _store_assignments(y_ptr, ids_ptr, acc_r, e, r, ok, cols_n, T, H, K, KY)
-        else:
+    else:
+        # pieces of up to 16 rows: the kernel as it was before GATHER, statement for statement
+        if lead:
             # the scalar as a row vector: the interpreter turns a scalar & vector mask into int32
             shared_rows = (rows * 0 + shared.to(tl.int32)) > 0  # [BM]
             acc = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BM, BN, BK, HAS_SHARED,
                              PRECISION, INTERPRET_BF16)
-            _store_assignments(y_ptr, ids_ptr, acc, e, rows, (rows < n) & ~shared_rows, cols_n, T, H, K, KY)
+            # each (row, j) that chose e gets its own copy, so a row naming e twice is counted twice
+            for j in tl.static_range(K):
+                e_j = tl.load(ids_ptr + rows * K + j, mask=rows < T, other=-1)
+                chose = (rows < n) & (e_j == e) & ~shared_rows
+                tl.store(y_ptr + (rows[:, None] * KY + j) * H + cols_n[None, :], acc, mask=chose[:, None])
             if HAS_SHARED:
-                if shared:
-                    _store_shared(y_ptr, acc, rows, n, T, cols_n, H, K, KY, WRITE_ALL)
-    if WRITE_ALL and not GATHER:
-        # every slot of y defined (the partials op's consumer reads y whole): zeros where no expert
-        # program writes, an invalid routed assignment (its row past n, its id outside [0, E)) or
-        # the shared expert's slot of a piece with no counted row; duplicates get their leader's
-        # copy. In GATHER pieces the gate/up kernel writes these zeros (`_zero_unwritten`)
-        if (slot < T * K) & ~valid:
-            tl.store(y_ptr + ((slot // K) * KY + slot % K) * H + cols_n, tl.zeros([BN], dtype=tl.float32))
-        if HAS_SHARED:
-            if shared & ~lead:
-                tl.store(y_ptr + (rows[:, None] * KY + K) * H + cols_n[None, :], tl.zeros([BM, BN], dtype=tl.float32),
-                         mask=(rows < T)[:, None])
+                # WRITE_ALL: rows n..T-1 as well; their inputs were masked to zero, so their output is zero
+                limit = T if WRITE_ALL else n
+                tl.store(y_ptr + (rows[:, None] * KY + K) * H + cols_n[None, :], acc,
+                         mask=((rows < limit) & shared_rows)[:, None])
+        if WRITE_ALL:
+            # every slot of y defined (the partials op's consumer reads y whole): zeros where no expert
+            # program writes, an invalid routed assignment (its row past n, its id outside [0, E)) or
+            # the shared expert's slot of a piece with no counted row; duplicates get their leader's copy
+            if (slot < T * K) & ~valid:
+                tl.store(y_ptr + ((slot // K) * KY + slot % K) * H + cols_n, tl.zeros([BN], dtype=tl.float32))
+            if HAS_SHARED:
+                if shared & ~lead:
+                    tl.store(y_ptr + (rows[:, None] * KY + K) * H + cols_n[None, :],
+                             tl.zeros([BM, BN], dtype=tl.float32), mask=(rows < T)[:, None])
 
 
 @triton.jit

@@ -81,9 +81,10 @@ def test_combined_is_moe_experts(device, case):
             assert torch.equal(got[case.n :].cpu(), torch.zeros_like(got[case.n :].cpu()))
 
 
-@pytest.mark.parametrize("T, K, n", [(21, 2, None), (70, 2, 66)])
+@pytest.mark.parametrize("T, K, n", [(21, 2, None), (70, 2, 66), (70, 1, 40)])
 def test_pieces(device, T, K, n):
-    """Past 64 rows each piece writes its own rows of y."""
+    """Past 64 rows each piece writes its own rows of y; a piece with no counted row (n = 40: the
+    second) gets its zeros from the gate/up grid, the shared slot's included."""
     case = MoECase(T=T, K=K, E=6, H=32, I=16, dtype=torch.float32, routing="random", n=n, seed=T)
     hidden, ids, wts, gate_up, down, nt = make_inputs(case, device)
     shared = make_shared(case, device)[:2]
