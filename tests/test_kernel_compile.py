@@ -95,3 +95,24 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     # each waits for the kernel before it and lets the next one launch
     for compiled in kernels:
         assert "griddepcontrol.wait" in compiled.asm["ptx"] and "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
+
+
+# shared memory per block on an H200 (and any sm90): 227 KB
+SM90_SMEM = 227 * 1024
+
+
+@pytest.mark.parametrize("dtype, rows", [("fp32", 16), ("fp32", 64), ("bf16", 16), ("bf16", 64)])
+def test_the_hosts_gate_up_tiles_fit_sm90_shared_memory(dtype, rows):
+    """At the 35B-A3B expert shape the gate/up tiles the host picks (`gate_up_blocks`) compile within
+    an sm90 block's shared memory: fp32's 256-wide H chunk asked for 288 KB and could not launch."""
+    from hybridspec.ops.moe import KERNEL_CONFIG, gate_up_blocks
+
+    bn, bk, bk_wide = gate_up_blocks(KERNEL_CONFIG, SHAPE["H"], SHAPE["I"], rows, 4 if dtype == "fp32" else 2)
+    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=True, INTERPRET_BF16=False, USE_PDL=True,
+                 PRECISION="ieee" if dtype == "fp32" else "tf32")
+    piece = {**SHAPE, "BM": rows, "SP": rows * SHAPE["K"], "RB": 16, "GATHER": rows > 16}
+    kernel = compile_sm90(moe_triton.moe_gate_up_kernel, dtype, {**piece, **flags, "BN": bn, "BK": bk, "BK_WIDE": bk_wide,
+                                                                 "WRITE_ZEROS": rows > 16, "ZB": 256})
+    assert kernel.metadata.shared <= SM90_SMEM, (bn, bk, bk_wide, kernel.metadata.shared)
+    # 16-bit tiles are the sweeps' choice, untouched; fp32 halves the H chunk
+    assert (bk, bk_wide) == ((256, 128) if dtype == "bf16" else (128, 128))

@@ -28,6 +28,10 @@ MAX_PIECE_ROWS = 64
 # rows are gathered into 16-row tiles there): 64 rows x 256 plus both weight tiles over three
 # pipeline stages would ask for 288 KB of shared memory (the H200 has 227 KB); 128 keeps 144 KB
 WIDE_PIECE_BLOCK_H = 128
+# shared memory the gate/up kernel's pipelined fp32 tiles may take: Triton holds (num_stages - 1)
+# copies of the x and both weight tiles there (its sm90 compiles match that count), and the H200
+# gives 227 KB per block; at H = 2048 fp32 the 256-wide chunk asked for 288 KB and could not launch
+FP32_SMEM_BUDGET = 192 * 1024
 
 
 @dataclass
@@ -74,6 +78,25 @@ def _block(limit: int, dim: int) -> int:
     return b
 
 
+def gate_up_blocks(cfg: MoEKernelConfig, H: int, I: int, BM: int, element_size: int) -> tuple[int, int, int]:
+    """(BN, BK, BK_WIDE) of the gate/up kernel for a piece of BM rows: the routed experts' tile has
+    `min(BM, 16)` rows (gathered past 16), the shared expert's in a wider piece BM rows with the
+    narrower `WIDE_PIECE_BLOCK_H` chunk. For fp32 each chunk is halved while its tiles would pass
+    `FP32_SMEM_BUDGET`; 16-bit tiles are left as the sweeps chose them."""
+    bn = _block(cfg.gate_up_block_i, I)
+    bk = _block(cfg.gate_up_block_h, H)
+    bk_wide = _block(min(cfg.gate_up_block_h, WIDE_PIECE_BLOCK_H), H)
+
+    def fits(rows, chunk):
+        return element_size < 4 or (cfg.num_stages - 1) * (rows + 2 * bn) * chunk * element_size <= FP32_SMEM_BUDGET
+
+    while bk > 16 and not fits(min(BM, BLOCK_ROWS), bk):
+        bk //= 2
+    while bk_wide > 16 and not fits(BM, bk_wide):
+        bk_wide //= 2
+    return bn, bk, bk_wide
+
+
 def _use_pdl(cfg: MoEKernelConfig, x: torch.Tensor) -> bool:
     """Whether this call uses programmatic dependent launch: asked for here and by
     `dispatch.use_pdl` (on, an sm90+ GPU, not interpreted)."""
@@ -114,8 +137,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
     # past 16 rows each routed expert's rows are gathered into 16-row tiles; the shared expert's
     # tile (every row) keeps the piece's BM rows and a narrower H chunk
     gather = BM > BLOCK_ROWS
-    bn, bk = _block(cfg.gate_up_block_i, I), _block(cfg.gate_up_block_h, H)
-    bk_wide = _block(min(cfg.gate_up_block_h, WIDE_PIECE_BLOCK_H), H)
+    bn, bk, bk_wide = gate_up_blocks(cfg, H, I, BM, x.element_size())
     moe_gate_up_kernel[(slots, I // bn)](
         x, ids, nt, gate_up, s_gate_up, h, y,
         T, E, row_off, x.stride(0),
