@@ -45,7 +45,6 @@ Side by side in one run:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -417,9 +416,10 @@ def print_split(split: dict, kernels: dict) -> None:
     print_table(["w", *(f"{n} ms" for n in names)], [[w, *(v[n] for n in names)] for w, v in split.items()])
 
 
-def batch_split(model, drafter, args, result: dict) -> None:
+def batch_split(model, drafter, args, variants: list[tuple[str, dict]], result: dict) -> None:
     """`--split-batch B`: `component_split` for B prompts of `--prompt` random tokens (w rows per
-    sequence, B x w verified rows), written to runner.json under "batch_split"."""
+    sequence, B x w verified rows), then again under each of `variants` (`split_variants`), written
+    to runner.json under "batch_split"."""
     B = args.split_batch
     prompt = torch.randint(0, model.config.vocab_size, (B, args.prompt), generator=torch.Generator().manual_seed(0)).cuda()
     split, kernels, distinct = component_split(model, drafter, prompt)
@@ -439,7 +439,7 @@ def batch_split(model, drafter, args, result: dict) -> None:
     # variant that fails keeps what was measured before it
     rows = result["batch_split"]["variants"] = []
     write_json(Path(args.out) / "runner.json", result)
-    for kind, changes in split_variants(args.split_variants):
+    for kind, changes in variants:
         with config_variant(kind, changes):
             split, kernels, _ = component_split(model, drafter, prompt)
         label = kind + ": " + ",".join(f"{k}={v}" for k, v in changes.items())
@@ -585,28 +585,16 @@ def _kernel_config(kind: str) -> dict:
     return dict(module.VERIFY_CONFIG) if kind == "gdn" else asdict(module.KERNEL_CONFIG)
 
 
-@contextlib.contextmanager
 def config_variant(kind: str, changes: dict):
-    """The `kind` config with `changes` applied inside the block, restored after: kernels read it at
-    launch, so graphs captured inside run the variant."""
+    """A context manager: the `kind` config with `changes` applied inside the block, restored after
+    (kernels read it at launch, so graphs captured inside run the variant)."""
     from dataclasses import replace
+    from unittest import mock
 
     module = _config_module(kind)
     if kind == "gdn":
-        saved = dict(module.VERIFY_CONFIG)
-        module.VERIFY_CONFIG.update(changes)
-        try:
-            yield
-        finally:
-            module.VERIFY_CONFIG.clear()
-            module.VERIFY_CONFIG.update(saved)
-        return
-    saved = module.KERNEL_CONFIG
-    module.KERNEL_CONFIG = replace(saved, **changes)
-    try:
-        yield
-    finally:
-        module.KERNEL_CONFIG = saved
+        return mock.patch.dict(module.VERIFY_CONFIG, changes)
+    return mock.patch.object(module, "KERNEL_CONFIG", replace(module.KERNEL_CONFIG, **changes))
 
 
 def _config_fields(text: str, kind: str, option: str) -> dict:
@@ -754,7 +742,7 @@ def main() -> None:
         raise SystemExit(f"--split-batch must be in 2..4 (the batched round's sizes), got {args.split_batch}")
     if args.split_variants and not args.split_batch:
         raise SystemExit("--split-variants needs --split-batch (it repeats the batched split)")
-    split_variants(args.split_variants)
+    batch_variants = split_variants(args.split_variants)
     inductor = inductor_settings(args.inductor)
     linear_cfg = linear_config(args.linear)
     moe_cfg = moe_config(args.moe)
@@ -778,7 +766,7 @@ def main() -> None:
     print(f"acceptance: {ACCEPTANCE}")
 
     if args.split_batch:
-        batch_split(model, drafter, args, result)
+        batch_split(model, drafter, args, batch_variants, result)
         return
     t0 = time.perf_counter()
     ar_ms, ar_host_us, ar_out, host_parts_us = our_ar(model, prompt, args.new)

@@ -25,8 +25,9 @@ from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, 
 BLOCK_ROWS = 16
 MAX_PIECE_ROWS = 64
 # the gate/up kernel's H chunk for the shared expert's tile above 16 rows (the routed experts'
-# rows are gathered into 16-row tiles there): 64 rows x 256 plus both weight tiles over three
-# pipeline stages would ask for 288 KB of shared memory (the H200 has 227 KB); 128 keeps 144 KB
+# rows are gathered into 16-row tiles there). Chosen when every expert took the 64-row tile, which
+# at 256 was estimated at 288 KB of shared memory (the H200 has 227 KB); an sm90 compile of today's
+# bf16 shared tile takes 96 KB at 256 and 48 KB at 128, but only 128 has been timed on the GPU
 WIDE_PIECE_BLOCK_H = 128
 # shared memory the gate/up kernel's pipelined fp32 tiles may take: Triton holds (num_stages - 1)
 # copies of the x and both weight tiles there (its sm90 compiles match that count), and the H200

@@ -40,6 +40,11 @@ class HeadCase:
     data: str
     seed: int
 
+    @property
+    def on_grid(self) -> bool:
+        """Whether the data lie on the grid ("grid", "dup"): fp32 sums exact in any order."""
+        return self.data in ("grid", "dup")
+
 
 def make_inputs(case: HeadCase, device: str):
     # drawn on the device: a 248,320 x 2048 weight takes seconds to draw on the host
@@ -49,7 +54,7 @@ def make_inputs(case: HeadCase, device: str):
     # any summation order, so the copies tie exactly wherever the dot runs (under the interpreter
     # numpy's matmul gives identical columns of normal data different last bits by their position
     # in a tile, seed 269 of the old normal-data case, and a tie rule cannot be checked there)
-    if case.data in ("grid", "dup"):
+    if case.on_grid:
         hidden = torch.randint(-2, 3, (N, H), generator=gen, device=device) / 2
         weight = torch.randint(-8, 9, (V, H), generator=gen, device=device) / 8
     else:
@@ -86,7 +91,7 @@ def check_against_naive(case: HeadCase, hidden, weight, got):
     assert tokens.dtype == torch.long and confidence.dtype == entropy.dtype == torch.float32
     assert tokens.shape == confidence.shape == entropy.shape == (case.N,)
     differ = (tokens != ref_tokens).nonzero().flatten().tolist()
-    if case.data in ("grid", "dup"):
+    if case.on_grid:
         assert differ == [], f"tokens differ at rows {differ} on data whose logits round alike"
     # elsewhere only at a near-tie (the two tokens' exact logits within two roundings), and never
     # between copies of one weight row, which tie exactly and must break to the first
@@ -96,7 +101,7 @@ def check_against_naive(case: HeadCase, hidden, weight, got):
         a, b = (hidden[n].double() @ weight[pair].double().T * case.scale).cpu()
         assert (a - b).abs() <= 2 * _ulp(torch.maximum(a.abs(), b.abs()), case.dtype), (
             f"row {n}: token {tokens[n]} (logit {a:.6g}) vs {ref_tokens[n]} ({b:.6g}) is no near-tie")
-    tol = TOL_16BIT if case.data not in ("grid", "dup") and case.dtype != torch.float32 else TOL
+    tol = TOL_16BIT if not case.on_grid and case.dtype != torch.float32 else TOL
     assert_rel(confidence, ref_conf, tol, "confidence")
     assert_rel(entropy, ref_ent, tol, "entropy")
 
@@ -253,7 +258,7 @@ GPU_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"N{c.N}-H{c.H}-V{c.V}-{c.dtype}-{c.data}-s{c.scale}")
 def test_real_shapes(monkeypatch, case):
-    if case.data in ("grid", "dup"):
+    if case.on_grid:
         # the sums are exact only if cuBLAS also reduces in fp32 (its default may reduce 16-bit partials)
         monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False)
         monkeypatch.setattr(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", False)
