@@ -32,7 +32,12 @@ class GDNFactors(NamedTuple):
 
 
 # Launch configuration of the kernels (value-column tile width, warps); benchmarks sweep these.
-VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4}
+# The verify kernel's tile: `BV` value columns, widened (doubling, up to `BV_max`) while the grid
+# keeps at least `min_programs` programs. At B = 1 and 2 the 35B-A3B shape (32 heads of 128 columns)
+# keeps 32 (128 and 256 programs); at B = 4 it takes 64 (256 programs), which on the H200 measured
+# 10.7 against 14.5 us a verify and 0.09-0.13 ms less GDN per round (docs/benchmarks.md,
+# "Batched rounds: wider tiles"); at B = 1 the sweep's best stays 32 (benchmarks/sweep_gdn.py)
+VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4, "BV_max": 64, "min_programs": 256}
 COMMIT_CONFIG = {"BV": 32, "num_warps": 4}
 # fp32 dots on the GPU: "ieee" lowers to FMA loops that spill heavily at K = 128; 3xTF32 runs on
 # tensor cores with ~1e-6 relative error. The interpreter computes every dot in plain fp32.
@@ -45,6 +50,15 @@ def _precision(t: torch.Tensor) -> str:
 
 def _block_v(V: int, config: dict) -> int:
     return min(V, config["BV"])
+
+
+def verify_block_v(V: int, rows: int, config: dict = VERIFY_CONFIG) -> int:
+    """The verify kernel's value tile for `rows` (batch x value heads) programs per column tile:
+    `BV`, doubled while it stays <= `BV_max` and <= V and the grid keeps `min_programs` programs."""
+    bv = _block_v(V, config)
+    while bv * 2 <= min(V, config["BV_max"]) and V // (bv * 2) * rows >= config["min_programs"]:
+        bv *= 2
+    return bv
 
 
 @torch.library.custom_op(
@@ -70,7 +84,7 @@ def _gdn_verify_op(
     if use_triton(q):
         from hybridspec.ops.gdn_verify_triton import gdn_verify_kernel
 
-        BV = _block_v(V, VERIFY_CONFIG)
+        BV = verify_block_v(V, B * HV)
         pdl = use_pdl(q)
         gdn_verify_kernel[(V // BV, B * HV)](
             q, k, v, g, beta, state, num_tokens if num_tokens is not None else q,

@@ -53,6 +53,11 @@ class MoEKernelConfig:
     # H columns per down program, and I chunk per loop step of down
     down_block_h: int = 64
     down_block_i: int = 128
+    # down's I chunk in a gathered piece (over 16 rows: a batch's B x w rows, experts' rows in 16-row
+    # tiles): on the H200 at B = 4 down took 27.5 against 34.0 us and the MoE part of a round 2-3%
+    # less at every w (docs/benchmarks.md, "Batched rounds: wider tiles"); 16-row pieces keep
+    # `down_block_i`, the sweep's best at B = 1
+    down_block_i_gather: int = 64
     down_warps: int = 2
     # software-pipelined weight loads in flight per program (both weight kernels)
     num_stages: int = 3
@@ -96,6 +101,12 @@ def gate_up_blocks(cfg: MoEKernelConfig, H: int, I: int, BM: int, element_size: 
     while bk_wide > 16 and not fits(BM, bk_wide):
         bk_wide //= 2
     return bn, bk, bk_wide
+
+
+def down_blocks(cfg: MoEKernelConfig, H: int, I: int, BM: int) -> tuple[int, int]:
+    """(BN, BK) of the down kernel for a piece of BM rows: `down_block_i_gather` past 16 rows."""
+    chunk = cfg.down_block_i_gather if BM > BLOCK_ROWS else cfg.down_block_i
+    return _block(cfg.down_block_h, H), _block(chunk, I)
 
 
 def _use_pdl(cfg: MoEKernelConfig, x: torch.Tensor) -> bool:
@@ -148,7 +159,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
     count_launch("moe_gate_up")
-    bn, bk = _block(cfg.down_block_h, H), _block(cfg.down_block_i, I)
+    bn, bk = down_blocks(cfg, H, I, BM)
     moe_down_kernel[(slots, H // bn)](
         h, ids, nt, down, s_down, y,
         T, E, row_off,

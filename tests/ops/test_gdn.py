@@ -6,6 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridspec.ops import GDNFactors, gdn_commit, gdn_verify, naive
+from hybridspec.ops import gdn as gdn_mod
+from hybridspec.ops.gdn import verify_block_v
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
 from tests.ops.gdn_inputs import GDNCase, gdn_cases, make_inputs
@@ -54,12 +56,36 @@ def test_verify_commit_match_recurrence(device, case, data):
     _check_round(case, device, n, m)
 
 
-@pytest.mark.gpu
-@settings(max_examples=25)
-@given(case=gdn_cases(head_dims=(128,), max_batch=2), data=st.data())
-def test_verify_commit_qwen_head_dim(case, data):
+def test_verify_tile_widens_only_for_large_grids():
+    """The verify tile: 32 columns at the 35B-A3B shape (32 value heads of 128) for B = 1, 2 and a
+    half-head shard at B = 4; 64 at B = 4 with every head; never wider than V or `BV_max`."""
+    assert [verify_block_v(128, b * 32) for b in (1, 2, 3, 4)] == [32, 32, 32, 64]
+    assert verify_block_v(128, 4 * 16) == 32
+    assert verify_block_v(32, 4 * 32) == 32 and verify_block_v(16, 1024) == 16
+    assert verify_block_v(128, 4096) == 64
+    assert verify_block_v(128, 4096, {**gdn_mod.VERIFY_CONFIG, "BV_max": 128}) == 128
+
+
+@settings(max_examples=12)
+@given(case=gdn_cases(head_dims=(64,)), data=st.data())
+def test_verify_wide_tile_matches_recurrence(device, case, data):
+    """With the grid rule forcing the widest tile (64 columns), the verify kernel still matches."""
     n, m = _lengths(data, case.B, case.T)
-    _check_round(case, "cuda", n, m)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(gdn_mod.VERIFY_CONFIG, "min_programs", 1)
+        assert verify_block_v(case.V, case.B * case.HV) == 64
+        _check_round(case, device, n, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("min_programs", [gdn_mod.VERIFY_CONFIG["min_programs"], 1], ids=["default_tile", "wide_tile"])
+@settings(max_examples=25)
+@given(case=gdn_cases(head_dims=(128,), max_batch=4), data=st.data())
+def test_verify_commit_qwen_head_dim(min_programs, case, data):
+    n, m = _lengths(data, case.B, case.T)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(gdn_mod.VERIFY_CONFIG, "min_programs", min_programs)
+        _check_round(case, "cuda", n, m)
 
 
 @settings(max_examples=8)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hybridspec.ops import moe as moe_mod
 from hybridspec.ops import dispatch, moe_experts, naive_moe
 from hybridspec.ops.dispatch import TRITON_INTERPRET
-from hybridspec.ops.moe import MoEKernelConfig, piece_rows
+from hybridspec.ops.moe import BLOCK_ROWS, MoEKernelConfig, down_blocks, piece_rows
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
 from tests.ops.moe_inputs import MoECase, make_inputs, make_shared, moe_cases
@@ -171,6 +171,32 @@ def test_more_than_16_rows_run_in_pieces(device, T, K, n):
     ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in (*args, *shared)))
     assert_rel(out.cpu(), ref, 1e-5, "out with the shared expert vs naive")
     _check_past_rows_zero(out.cpu(), n)
+
+
+def test_down_chunk_of_gathered_pieces():
+    """16-row pieces keep `down_block_i` (the B = 1 sweep's best), gathered pieces take
+    `down_block_i_gather`; both are capped by what divides I."""
+    cfg = MoEKernelConfig(down_block_h=64, down_block_i=128, down_block_i_gather=64)
+    assert down_blocks(cfg, 2048, 512, BLOCK_ROWS) == (64, 128)
+    assert down_blocks(cfg, 2048, 512, 64) == (64, 64) == down_blocks(cfg, 2048, 512, 32)
+    assert down_blocks(cfg, 2048, 48, 64) == (64, 16)
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gathered_piece_down_chunk_loops(monkeypatch, device, chunk, dtype):
+    """A gathered piece whose down kernel loops over I in several chunks (I = 64) matches the twin,
+    with and without the shared expert."""
+    monkeypatch.setattr(moe_mod, "KERNEL_CONFIG", MoEKernelConfig(down_block_i_gather=chunk))
+    case = MoECase(T=45, K=4, E=8, H=32, I=64, dtype=dtype, routing="repeat", n=41, seed=chunk)
+    out, args = _run(case, device)
+    ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in args))
+    assert_rel(out.float().cpu(), ref.float(), OUT_TOL[dtype], "out vs naive")
+    _check_past_rows_zero(out.cpu(), case.n)
+    shared = make_shared(case, device)
+    out = moe_experts(*args[:5], num_tokens=args[5], shared=shared)
+    ref = naive_moe.moe_experts(*(None if a is None else a.cpu() for a in (*args, *shared)))
+    assert_rel(out.float().cpu(), ref.float(), OUT_TOL[dtype], "out with the shared expert vs naive")
 
 
 def test_num_tokens_forms_and_determinism(device):
