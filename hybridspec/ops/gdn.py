@@ -35,7 +35,7 @@ class GDNFactors(NamedTuple):
 # The verify kernel's tile: `BV` value columns, widened (doubling, up to `BV_max`) while the grid
 # keeps at least `min_programs` programs. At B = 1 and 2 the 35B-A3B shape (32 heads of 128 columns)
 # keeps 32 (128 and 256 programs); at B = 4 it takes 64 (256 programs), which on the H200 measured
-# 10.7 against 14.5 us a verify and 0.09-0.13 ms less GDN per round (docs/benchmarks.md,
+# 10.7 against 15 us a verify and 0.11-0.15 ms less GDN per round (docs/benchmarks.md,
 # "Batched rounds: wider tiles"); at B = 1 the sweep's best stays 32 (benchmarks/sweep_gdn.py)
 VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4, "BV_max": 64, "min_programs": 256}
 COMMIT_CONFIG = {"BV": 32, "num_warps": 4}
