@@ -74,8 +74,15 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     kernels = [
         compile_sm90(linear_triton.small_linear_kernel, "bf16",
                      dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl)),
-        compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
+        compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, K=8, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=1),
+        compile_sm90(route_triton.route_topk_partials_kernel, "bf16",
+                     dict(S=4, EP=256, K=8, KP=8, BR=128, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
+                     fp32_pointers=("part_ptr",), types={"ids_ptr": "*i64"}, num_warps=1),
+        # past 16 the selection rounds loop instead of unrolling
+        compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=1024, K=1024, KP=1024, NORMALIZE=True,
+                                                                  INTERPRET_BF16=False, **pdl),
+                     types={"ids_ptr": "*i64"}, num_warps=2),
         compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True),
                      types={"scale": "fp32"}),
         compile_sm90(gdn_commit_triton.gdn_commit_kernel, "fp32", dict(gdn, BV=32), types={"num_commit_ptr": "*i64"}),
@@ -95,6 +102,19 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     # each waits for the kernel before it and lets the next one launch
     for compiled in kernels:
         assert "griddepcontrol.wait" in compiled.asm["ptx"] and "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
+
+
+def test_route_partials_issue_every_load_before_the_selection():
+    """The partials kernel's S splits (of the logits and of the first columns past them) are loaded
+    in one unrolled pass before its first reduction: one round trip to L2, not one per split."""
+    from hybridspec.ops import route_triton
+
+    ptx = compile_sm90(route_triton.route_topk_partials_kernel, "bf16",
+                       dict(S=4, EP=256, K=8, KP=8, BR=128, NORMALIZE=True, INTERPRET_BF16=False, USE_PDL=True),
+                       fp32_pointers=("part_ptr",), types={"ids_ptr": "*i64"}, num_warps=1).asm["ptx"]
+    first_reduction = ptx.index("shfl.sync")
+    assert ptx[:first_reduction].count("ld.global") >= 2 * 4
+    assert "bra" not in ptx[ptx.index("griddepcontrol.launch_dependents"):first_reduction]
 
 
 # shared memory per block on an H200 (and any sm90): 227 KB

@@ -39,8 +39,8 @@ def _route_topk_op(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch
     pdl = use_pdl(logits)
     route_topk_kernel[(R,)](
         logits, weights, ids,
-        E, k, logits.stride(0),
-        EP=ep, KP=max(2, next_pow2(k)), NORMALIZE=normalize,
+        E, logits.stride(0),
+        EP=ep, K=k, KP=max(2, next_pow2(k)), NORMALIZE=normalize,
         INTERPRET_BF16=TRITON_INTERPRET and logits.dtype == torch.bfloat16, USE_PDL=pdl, **pdl_launch(pdl),
         # each of the k selection rounds is a reduction over the row: within one warp it is register
         # shuffles only, no shared-memory round trip and barrier per round
@@ -96,8 +96,8 @@ def _route_topk_partials_op(partials: torch.Tensor, experts: int, k: int, normal
     pdl = use_pdl(partials)
     route_topk_partials_kernel[(R,)](
         partials, weights, ids, rest,
-        S, experts, N, k, partials.stride(0), partials.stride(1), max(1, rest.stride(0)),
-        EP=ep, KP=max(2, next_pow2(k)), BR=REST_BLOCK, NORMALIZE=normalize,
+        experts, N, partials.stride(0), partials.stride(1), max(1, rest.stride(0)),
+        S=S, EP=ep, K=k, KP=max(2, next_pow2(k)), BR=REST_BLOCK, NORMALIZE=normalize,
         INTERPRET_BF16=TRITON_INTERPRET and dtype == torch.bfloat16, USE_PDL=pdl, **pdl_launch(pdl),
         num_warps=1 if ep <= 512 else 2,
     )
