@@ -42,8 +42,8 @@ def _route_topk_op(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch
         E, logits.stride(0),
         EP=ep, K=k, KP=max(2, next_pow2(k)), NORMALIZE=normalize,
         INTERPRET_BF16=TRITON_INTERPRET and logits.dtype == torch.bfloat16, USE_PDL=pdl, **pdl_launch(pdl),
-        # each of the k selection rounds is a reduction over the row: within one warp it is register
-        # shuffles only, no shared-memory round trip and barrier per round
+        # each of the k selection rounds is a reduction over the row: within one warp it needs no
+        # shared-memory round trip and barrier per round (on sm90 two redux.sync instructions)
         num_warps=1 if ep <= 512 else 2,
     )
     count_launch("route_topk")
