@@ -19,7 +19,6 @@ script times each case in a CUDA graph after an L2 flush, so it can also be run 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -28,9 +27,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_runner import config_variants  # noqa: E402
+from benchmarks.bench_runner import config_variant, config_variants  # noqa: E402
 from benchmarks.common import capture, env_info, time_ms  # noqa: E402
-from hybridspec.ops import moe as moe_mod  # noqa: E402
 from hybridspec.ops import moe_experts_partials, route_topk_partials, small_linear_partials  # noqa: E402
 
 # the 35B-A3B shape
@@ -68,12 +66,8 @@ def cases(moe_variants: list[dict]) -> list[tuple[str, callable]]:
         label = "moe experts " + (",".join(f"{k}={v}" for k, v in changes.items()) or "(default)")
 
         def run(changes=changes):
-            saved = moe_mod.KERNEL_CONFIG
-            moe_mod.KERNEL_CONFIG = dataclasses.replace(saved, **changes)
-            try:
+            with config_variant("moe", changes):
                 return moe_experts_partials(x, ids, gate_up, down, num_tokens=num_tokens, shared=(s_gate_up, s_down))
-            finally:
-                moe_mod.KERNEL_CONFIG = saved
         out.append((label, run))
     return out
 

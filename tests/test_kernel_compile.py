@@ -76,9 +76,7 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
                      dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl)),
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, K=8, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=1),
-        compile_sm90(route_triton.route_topk_partials_kernel, "bf16",
-                     dict(S=4, EP=256, K=8, KP=8, BR=128, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
-                     fp32_pointers=("part_ptr",), types={"ids_ptr": "*i64"}, num_warps=1),
+        route_partials_sm90(),
         # past 16 the selection rounds loop instead of unrolling
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=1024, K=1024, KP=1024, NORMALIZE=True,
                                                                   INTERPRET_BF16=False, **pdl),
@@ -104,14 +102,19 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
         assert "griddepcontrol.wait" in compiled.asm["ptx"] and "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
 
 
+def route_partials_sm90():
+    """The router's top-k on split-K partials in the runner's form: 4 splits, 256 experts, top-8."""
+    from hybridspec.ops import route_triton
+
+    return compile_sm90(route_triton.route_topk_partials_kernel, "bf16",
+                        dict(S=4, EP=256, K=8, KP=8, BR=128, NORMALIZE=True, INTERPRET_BF16=False, USE_PDL=True),
+                        fp32_pointers=("part_ptr",), types={"ids_ptr": "*i64"}, num_warps=1)
+
+
 def test_route_partials_issue_every_load_before_the_selection():
     """The partials kernel's S splits (of the logits and of the first columns past them) are loaded
     in one unrolled pass before its first reduction: one round trip to L2, not one per split."""
-    from hybridspec.ops import route_triton
-
-    ptx = compile_sm90(route_triton.route_topk_partials_kernel, "bf16",
-                       dict(S=4, EP=256, K=8, KP=8, BR=128, NORMALIZE=True, INTERPRET_BF16=False, USE_PDL=True),
-                       fp32_pointers=("part_ptr",), types={"ids_ptr": "*i64"}, num_warps=1).asm["ptx"]
+    ptx = route_partials_sm90().asm["ptx"]
     first_reduction = ptx.index("shfl.sync")
     assert ptx[:first_reduction].count("ld.global") >= 2 * 4
     assert "bra" not in ptx[ptx.index("griddepcontrol.launch_dependents"):first_reduction]

@@ -101,6 +101,16 @@ def _rest_store(tail, rest_ptr, r, s_rr, cols, live, E, INTERPRET_BF16: tl.const
 
 
 @triton.jit
+def _split_sum(row, s_ps, offs, mask, S: tl.constexpr, WIDTH: tl.constexpr):
+    """Columns `offs` of a row's S split-K partials added in fp32, s = 0, 1, ... in order (unrolled:
+    the S loads are issued together)."""
+    acc = tl.zeros([WIDTH], dtype=tl.float32)
+    for s in tl.static_range(S):
+        acc += tl.load(row + s * s_ps + offs, mask=mask, other=0.0)
+    return acc
+
+
+@triton.jit
 def route_topk_partials_kernel(
     part_ptr, w_ptr, ids_ptr, rest_ptr,
     E, N, s_ps, s_pr, s_rr,
@@ -112,14 +122,11 @@ def route_topk_partials_kernel(
     lanes = tl.arange(0, EP)
     ok = lanes < E
     row = part_ptr + r * s_pr
-    # every split of the logits and of the first BR columns past them, loads issued together
+    # every split of the logits and of the first BR columns past them, loaded before any reduction
     cols = E + tl.arange(0, BR)
     live = cols < N
-    acc = tl.zeros([EP], dtype=tl.float32)
-    tail = tl.zeros([BR], dtype=tl.float32)
-    for s in tl.static_range(S):
-        acc += tl.load(row + s * s_ps + lanes, mask=ok, other=0.0)
-        tail += tl.load(row + s * s_ps + cols, mask=live, other=0.0)
+    acc = _split_sum(row, s_ps, lanes, ok, S, EP)
+    tail = _split_sum(row, s_ps, cols, live, S, BR)
     # the logits as the GEMM rounds its output; padding lanes -inf
     x = tl.where(ok, _round_to(acc, w_ptr.dtype.element_ty, INTERPRET_BF16), float("-inf"))
     _select_store(x, ok, lanes, w_ptr, ids_ptr, r, EP, K, KP, NORMALIZE, INTERPRET_BF16)
@@ -128,7 +135,5 @@ def route_topk_partials_kernel(
     for c0 in range(E + BR, N, BR):
         cols = c0 + tl.arange(0, BR)
         live = cols < N
-        tail = tl.zeros([BR], dtype=tl.float32)
-        for s in tl.static_range(S):
-            tail += tl.load(row + s * s_ps + cols, mask=live, other=0.0)
+        tail = _split_sum(row, s_ps, cols, live, S, BR)
         _rest_store(tail, rest_ptr, r, s_rr, cols, live, E, INTERPRET_BF16)
