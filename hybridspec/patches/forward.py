@@ -145,18 +145,27 @@ def _check_length(input_ids: torch.Tensor) -> None:
         raise ValueError(f"verification length must be in 1..{MAX_VERIFY}, got input_ids {tuple(input_ids.shape)}")
 
 
-def gdn_block(family, layer, h: torch.Tensor, slot: GDNSlot, num_tokens, routing=None) -> torch.Tensor:
+# A block takes its layer's normed input `x` (`layer.input_layernorm(h)`) from the block before it
+# and returns the residual stream with `next_norm` of it (the next layer's input norm, or the
+# stack's final norm after the last layer). Compiled, the norm then rides in the kernel that adds
+# the MoE block's output to the residual instead of opening the next layer's graph with a launch
+# of its own: one launch fewer per layer (docs/design.md, "Layer boundaries").
+
+
+def gdn_block(family, layer, h: torch.Tensor, x: torch.Tensor, next_norm, slot: GDNSlot, num_tokens,
+              routing=None) -> tuple[torch.Tensor, torch.Tensor]:
     """One GDN decoder layer of a verified block: mixer and MoE with their residuals."""
-    h = h + family.gdn_verify_layer(layer.linear_attn, layer.input_layernorm(h), slot, num_tokens)
-    return h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
+    h = h + family.gdn_verify_layer(layer.linear_attn, x, slot, num_tokens)
+    h = h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
+    return h, next_norm(h)
 
 
-def attention_block(family, layer, h: torch.Tensor, cos_sin, keys, values, length, pad, num_tokens,
-                    routing=None) -> torch.Tensor:
-    """One attention decoder layer of a verified block."""
-    h = h + attention_verify(layer.self_attn, layer.input_layernorm(h), cos_sin, keys, values, length, pad,
-                             family.apply_rope)
-    return h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
+def attention_block(family, layer, h: torch.Tensor, x: torch.Tensor, next_norm, cos_sin, keys, values, length,
+                    pad, num_tokens, routing=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One attention decoder layer of a verified block (`gdn_block` says what `x` and `next_norm` are)."""
+    h = h + attention_verify(layer.self_attn, x, cos_sin, keys, values, length, pad, family.apply_rope)
+    h = h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
+    return h, next_norm(h)
 
 
 def layer0_block(family, layer, h: torch.Tensor, slot: GDNSlot, num_tokens):
@@ -176,15 +185,16 @@ def rope_block(family, model, h: torch.Tensor, positions: torch.Tensor):
 
 
 def norm_block(norm, h: torch.Tensor) -> torch.Tensor:
-    """The final norm of the verified rows (eagerly about seven small kernels a step)."""
+    """The first verified layer's input norm (eagerly about seven small kernels a step); every
+    later norm rides in the block before it."""
     return norm(h)
 
 
 class Blocks(NamedTuple):
     """The per-layer functions `_layers` and `stage0` call: eager (`EAGER`), or compiled once per
     layer kind (`compiled_once(Blocks, layer_options())`: every layer of a kind shares one compiled
-    graph, regional compilation, parameters are graph inputs). `rope` and `norm` are the stack's
-    RoPE and final norm around the layers. `layer0` is Stage 0's Layer 0: eagerly
+    graph, regional compilation, parameters are graph inputs). `rope` is the stack's RoPE and
+    `norm` the first verified layer's input norm (each block adds the next norm, `gdn_block`). `layer0` is Stage 0's Layer 0: eagerly
     about 50 small kernels a round (the norms, the conv and gates around the verify kernel, the
     router's cast); on the H200 this form, the embedding eager, takes 0.068 ms a round against 0.19
     eagerly (docs/benchmarks.md, "The compiled blocks measured")."""
@@ -208,18 +218,21 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
     positions = (state.length - state.pad)[:, None] + torch.arange(w, device=h.device)  # [B, w]
     cos_sin = blocks.rope(family, model, h, positions)
     tapped = dict(tapped or {})
-    for i in range(start, len(text.layers)):
-        layer = text.layers[i]
+    layers = text.layers
+    x = blocks.norm(layers[start].input_layernorm, h)
+    for i in range(start, len(layers)):
+        layer = layers[i]
+        next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else text.norm
         if i in state.gdn_slot:
-            h = blocks.gdn(family, layer, h, state.gdn(i, w), state.num_tokens, routing)
+            h, x = blocks.gdn(family, layer, h, x, next_norm, state.gdn(i, w), state.num_tokens, routing)
         else:
             ai = state.attn_slot[i]
-            h = blocks.attention(family, layer, h, cos_sin, state.keys[ai], state.values[ai], state.length,
-                                 state.pad, state.num_tokens, routing)
+            h, x = blocks.attention(family, layer, h, x, next_norm, cos_sin, state.keys[ai], state.values[ai],
+                                    state.length, state.pad, state.num_tokens, routing)
         if i in taps:
             tapped[i] = h
     state.written = w
-    out = blocks.norm(text.norm, h)
+    out = x  # the final norm of the last layer's output
     # transformers' last `hidden_states` entry, which the prefill taps, is the final-normed output:
     # a drafter tapping the last layer reads the same there and in every round
     last = len(text.layers) - 1
