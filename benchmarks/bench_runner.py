@@ -143,7 +143,7 @@ def host_parts(runner, prompt, calls: int = 100) -> dict:
     parts["tolist"] = per_call(row.tolist)
     values, stats, out, done = row.tolist(), HybridSpecStats(), [[]], [False]
     stop = HostStopping(1 << 30, set(), [])
-    parts["read"] = per_call(lambda: runner._read(values, prompt.shape[1], out, done, stats, stop, None))
+    parts["read"] = per_call(lambda: runner._read(values, prompt.shape[1], out, done, stats, stop, None, 0.0, 1))
     return parts
 
 

@@ -79,10 +79,15 @@ def timed_round_ms(model, drafter, prompts, max_new_tokens: int, verify_length: 
 
 
 def mean_round_ms(model, drafter, calls, desc: str, **generate_kwargs) -> float:
-    """Mean round time of greedy `generate` calls, `calls` being (input_ids, attention_mask or None,
-    continuation or None) triples (a continuation is handed to a replay drafter first); the first
-    call only warms up (capture, compiles) unless it is the only one."""
-    total, rounds = 0.0, 0
+    """Mean device time of the full rounds (`HybridSpecStats.full`: every row verified all w tokens)
+    of greedy `generate` calls, `calls` being (input_ids, attention_mask or None, continuation or
+    None) triples (a continuation is handed to a replay drafter first); the first call only warms
+    up (capture, compiles) unless it is the only one. Rounds that are not full verify fewer rows (a
+    row near its token limit counts only its budget, a stopped row of a batch one row), so counting
+    them makes long lengths look cheaper than they are (the B = 4 calibration at f82ab31, a 64-token
+    budget, timed 14.3 ms at w = 16 where vanilla DFlash's rounds in the same run took 16.5).
+    Per-round times come from the runner's events (device time between rounds' ends)."""
+    seconds = []
     for n, (ids, mask, continuation) in enumerate(tqdm(calls, desc=desc, leave=False)):
         if continuation is not None:
             drafter.continuation = continuation
@@ -90,11 +95,13 @@ def mean_round_ms(model, drafter, calls, desc: str, **generate_kwargs) -> float:
         out = model.generate(ids, assistant_model=drafter, hybridspec=True, do_sample=False,
                              return_dict_in_generate=True, **padded, **generate_kwargs)
         if n > 0 or len(calls) == 1:
-            total += out.hybridspec_stats.decode_seconds
-            rounds += out.hybridspec_stats.rounds
-    if not rounds:
-        raise ValueError("no timed rounds: raise --max-new-tokens so each call runs at least one round")
-    return total * 1e3 / rounds
+            stats = out.hybridspec_stats
+            seconds += [s for s, full in zip(stats.round_seconds, stats.full) if full]
+    if not seconds:
+        raise ValueError(f"{desc}: no timed round verified every row's w tokens: raise the calibration's "
+                         "max_new_tokens (`hybridspec calibrate --max-new-tokens`) so each call runs a round "
+                         "with w tokens of budget left")
+    return float(np.mean(seconds)) * 1e3
 
 
 def capture_arrays(recorder: RoundRecorder, block_size: int) -> dict[str, np.ndarray]:

@@ -68,14 +68,15 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
     for b, token in enumerate(first_tokens):
         done[b] = take_from(b, first, processed[:, None], logits[:, None])(0, token)
     rnd = Round(target, state, drafter, opts.policy, sampler, exact=True, record_routing=recorder is not None)
-    started = device_time(input_ids.device)
+    started = last = device_time(input_ids.device)
     while not all(done):
         if recorder is not None:
             recorder.begin()
-        budget = torch.tensor([0 if done[b] else max_len - rows[b].shape[1] for b in range(B)], dtype=torch.long,
-                              device=input_ids.device)
+        left = [0 if done[b] else max_len - rows[b].shape[1] for b in range(B)]
+        budget = torch.tensor(left, dtype=torch.long, device=input_ids.device)
         # a host drafter reads the whole sequence (batch one); a device drafter only the anchors
         context = rows[0] if B == 1 else torch.cat([r[:, -1:] for r in rows])
+        done_before = list(done)
         r = rnd(context, budget, process)
         # the round's one read after verifying: every row's lengths and emitted tokens, together
         table = torch.cat([torch.stack([r.accepted + 1, r.empty, r.w, r.w0, r.layer0], dim=-1), r.tokens], dim=-1)
@@ -87,7 +88,11 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
             kept_rows.append(kept)
         # the round's lengths are the batch's (row 0's entries)
         w, w0, layer0 = listed[0][2:5]
-        stats.record(w, w0, kept_rows, layer0)
+        # the table's read waited for the round; full: every row verified all w tokens
+        now = device_time(input_ids.device)
+        full = all(not was_done and n >= w for was_done, n in zip(done_before, left))
+        stats.record(w, w0, kept_rows, layer0, seconds=now - last, full=full)
+        last = now
         if recorder is not None:
             recorder.end(r.block, w, kept_rows[0], r.routing, done[0])
     stats.decode_seconds = device_time(input_ids.device) - started

@@ -39,14 +39,23 @@ class HybridSpecStats:
     host_seconds: list[float] = field(default_factory=list, compare=False)
     replay_seconds: list[float] = field(default_factory=list, compare=False)
     launched: int = field(default=0, compare=False)
+    # per recorded round: the device seconds from the end of the round before (or the decode's
+    # start) to its end, and whether it was full: every row verified all w tokens (no row had
+    # stopped or had less than w tokens of budget left). Rounds that are not full verify fewer rows
+    # (a stopped row counts one, a row near its limit its budget), so they are cheaper than the
+    # length's cost; the calibration times full rounds only (`calibration.capture.mean_round_ms`)
+    round_seconds: list[float] = field(default_factory=list, compare=False)
+    full: list[bool] = field(default_factory=list, compare=False)
 
-    def record(self, w: int, w0: int, kept: list[int], layer0: int) -> None:
+    def record(self, w: int, w0: int, kept: list[int], layer0: int, *, seconds: float, full: bool) -> None:
         """One round: its verified and nominal lengths, the drafts kept by each row still emitting
-        (in row order), its Layer-0 experts."""
+        (in row order), its Layer-0 experts, its device seconds and whether it was full."""
         self.verify_lengths.append(w)
         self.nominal_lengths.append(w0)
         self.accepted.extend(kept)
         self.layer0_experts.append(layer0)
+        self.round_seconds.append(seconds)
+        self.full.append(full)
 
     @property
     def rounds(self) -> int:

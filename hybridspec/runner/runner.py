@@ -130,7 +130,10 @@ class Runner:
         # views made once: each view costs microseconds of host time per round
         self._ring_rows = list(self.ring.unbind(0))
         self._out_row = self.io.out
-        self.events = [torch.cuda.Event() for _ in range(RING)] if pinned else None
+        # timing events: the host waits on them and `HybridSpecStats.round_seconds` reads the device
+        # time between consecutive rounds' ends from them (`_started` marks the decode's start)
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(RING)] if pinned else None
+        self._started = torch.cuda.Event(enable_timing=True) if pinned else None
 
     def _spec_step(self) -> None:
         io = self.io
@@ -228,11 +231,13 @@ class Runner:
         done = [b >= live or stop(prompt_length + 1, t) for b, t in enumerate(first)]
         if all(done):
             return out, stats
-        started = time.perf_counter()
+        started = last_read = time.perf_counter()
+        if self._started is not None:
+            self._started.record()
         self.io.budget.fill_(stop.max_length - prompt_length - 1)
         self._retire(done)
         pending: deque[int] = deque()
-        launched = 0
+        launched = read = 0
         while True:
             t0 = time.perf_counter()
             self.step()
@@ -251,7 +256,15 @@ class Runner:
             if self.events is not None:
                 self.events[slot].synchronize()
             t2 = time.perf_counter()
-            self._read(self._ring_rows[slot].tolist(), prompt_length, out, done, stats, stop, on_tokens)
+            table = self._ring_rows[slot].tolist()
+            if self.events is not None:
+                before = self._started if read == 0 else self.events[(read - 1) % RING]
+                seconds = before.elapsed_time(self.events[slot]) / 1e3
+            else:
+                # no events (CPU): the host's read waited for the round, so its clock times it
+                seconds, last_read = time.perf_counter() - last_read, time.perf_counter()
+            read += 1
+            self._read(table, prompt_length, out, done, stats, stop, on_tokens, seconds, live)
             stats.host_seconds.append((t1 - t0) + (time.perf_counter() - t2))
             if all(done):
                 if self.events is not None:
@@ -268,7 +281,11 @@ class Runner:
             if stopped:
                 self.io.budget[b : b + 1].zero_()
 
-    def _read(self, table, prompt_length, out, done, stats, stop, on_tokens) -> None:
+    def _read(self, table, prompt_length, out, done, stats, stop, on_tokens, seconds: float, live: int) -> None:
+        w = table[0][self.width + W_COL]
+        # full: every live row still emitting, with budget (the device's, which the host mirrors)
+        # for all w tokens
+        full = all(not done[b] and stop.max_length - prompt_length - len(out[b]) >= w for b in range(live))
         kept_rows, newly = [], [False] * len(done)
         for b, row in enumerate(table):
             if done[b]:
@@ -287,7 +304,7 @@ class Runner:
             if on_tokens is not None:
                 on_tokens(new)
         w, w0, layer0 = (table[0][self.width + c] for c in (W_COL, W0_COL, L0_COL))
-        stats.record(w, w0, kept_rows, layer0)
+        stats.record(w, w0, kept_rows, layer0, seconds=seconds, full=full)
         if any(newly):
             # only the rows that stopped in this round: the others were retired already
             self._retire(newly)
