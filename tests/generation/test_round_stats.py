@@ -27,6 +27,13 @@ def model():
     hybridspec.disable(m)
 
 
+@pytest.fixture(scope="module")
+def gpu_model():
+    m = hybridspec.enable(qwen35_causal_lm(seed=11).cuda())
+    yield m
+    hybridspec.disable(m)
+
+
 def expected_full(stats: HybridSpecStats, produced: list[int]) -> tuple[list[bool], int]:
     """Replay the rounds from the per-row kept drafts (rows still emitting, in row order): a round
     is full when every row is still emitting and has at least w tokens of its budget left. `produced`:
@@ -48,7 +55,21 @@ def expected_full(stats: HybridSpecStats, produced: list[int]) -> tuple[list[boo
 @pytest.mark.parametrize("stop", ["eos", "limit"])
 @pytest.mark.parametrize("loop", ["reference", "runner"])
 def test_full_flags_and_round_seconds(model, loop, stop):
-    ids, mask = padded_batch(2, seed=5)
+    loop_args = dict(reference_loop=True) if loop == "reference" else dict(enforce_eager=True)
+    check_round_stats(model, stop, loop_args, budget_case=stop == "limit")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stop", ["eos", "limit"])
+def test_captured_round_seconds_from_events(gpu_model, stop):
+    # the captured runner times each round with CUDA events instead of the host clock
+    # (GPU arithmetic may accept other drafts than the CPU's: rounds short of budget are not required)
+    check_round_stats(gpu_model, stop, {}, budget_case=False)
+    assert getattr(gpu_model, "_hybridspec_runner_b2").captured
+
+
+def check_round_stats(model, stop, loop_args, budget_case: bool):
+    ids, mask = (t.to(model.device) for t in padded_batch(2, seed=5))
     P = ids.shape[1]
     free = target_only(model, ids, mask, max_new_tokens=MAX_NEW, eos_token_id=None)
     # "eos": row 0 stops at its 6th token and row 1 runs to the limit (unless it emits that id too);
@@ -58,8 +79,7 @@ def test_full_flags_and_round_seconds(model, loop, stop):
     # a wrong draft in row 1 puts the rows out of step, so near the limit one row has less budget
     # left than the batch's length (capped only by the largest budget left)
     drafts[1, 2] = (drafts[1, 2] + 1) % VOCAB
-    replay = DeviceReplayDrafter(random_drafter(), drafts)
-    loop_args = dict(reference_loop=True) if loop == "reference" else dict(enforce_eager=True)
+    replay = DeviceReplayDrafter(random_drafter().to(model.device), drafts)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=eos,
                          pad_token_id=PAD, assistant_model=replay, hybridspec=True, return_dict_in_generate=True,
                          verify_length=6, **loop_args)
@@ -69,7 +89,7 @@ def test_full_flags_and_round_seconds(model, loop, stop):
         produced.append(row.index(eos) + 1 if eos is not None and eos in row else len(row))
     flags, by_budget = expected_full(stats, produced)
     assert stats.full == flags
-    assert by_budget > 0 or stop == "eos"
+    assert by_budget > 0 or not budget_case
     # both kinds occur: full rounds first, then rounds after row 0's EOS or near the limit
     assert flags[0] and not flags[-1]
     assert len(stats.round_seconds) == stats.rounds
