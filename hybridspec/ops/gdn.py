@@ -61,23 +61,8 @@ def verify_block_v(V: int, rows: int, config: dict = VERIFY_CONFIG) -> int:
     return bv
 
 
-@torch.library.custom_op(
-    "hybridspec::gdn_verify", mutates_args=("z_out", "k_out", "g_out"), device_types=None
-)
-def _gdn_verify_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    num_tokens: torch.Tensor | None,
-    z_out: torch.Tensor,
-    k_out: torch.Tensor,
-    g_out: torch.Tensor,
-    scale: float,
-    use_qk_l2norm: bool,
-) -> torch.Tensor:
+def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: float, use_qk_l2norm: bool) -> torch.Tensor:
+    """The body of both verify ops: the kernel, or the naive twin (module docstring)."""
     B, T, HK, K = q.shape
     HV, V = v.shape[2:]
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
@@ -111,10 +96,72 @@ def _gdn_verify_op(
     return o
 
 
+@torch.library.custom_op(
+    "hybridspec::gdn_verify", mutates_args=("z_out", "k_out", "g_out"), device_types=None
+)
+def _gdn_verify_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    num_tokens: torch.Tensor | None,
+    z_out: torch.Tensor,
+    k_out: torch.Tensor,
+    g_out: torch.Tensor,
+    scale: float,
+    use_qk_l2norm: bool,
+) -> torch.Tensor:
+    return _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale, use_qk_l2norm)
+
+
 @_gdn_verify_op.register_fake
 def _(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale, use_qk_l2norm):
     B, T = q.shape[:2]
     return v.new_empty(B, T, *v.shape[2:])
+
+
+def split_packed(qkv: torch.Tensor, num_k_heads: int, head_k_dim: int, head_v_dim: int):
+    """`[B, T, 2 HK K + HV V]` -> views `q, k` `[B, T, HK, K]` and `v` `[B, T, HV, V]`."""
+    B, T, C = qkv.shape
+    key_dim = num_k_heads * head_k_dim
+    q, k, v = torch.split(qkv, [key_dim, key_dim, C - 2 * key_dim], dim=-1)
+    return (q.unflatten(-1, (num_k_heads, head_k_dim)), k.unflatten(-1, (num_k_heads, head_k_dim)),
+            v.unflatten(-1, (-1, head_v_dim)))
+
+
+# The packed form takes the GDN mixer's conv output whole. Inside a compiled layer the op's inputs
+# must be real buffers: given q, k and v as three arguments, inductor wrote them as three buffers
+# in a kernel of their own after the conv's (the split's sizes differ from the conv's 2 HK K + HV V
+# channels, so neither kernel can take the other); one argument lets the conv's kernel write it.
+@torch.library.custom_op(
+    "hybridspec::gdn_verify_packed", mutates_args=("z_out", "k_out", "g_out"), device_types=None
+)
+def _gdn_verify_packed_op(
+    qkv: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    num_tokens: torch.Tensor | None,
+    z_out: torch.Tensor,
+    k_out: torch.Tensor,
+    g_out: torch.Tensor,
+    num_k_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    scale: float,
+    use_qk_l2norm: bool,
+) -> torch.Tensor:
+    q, k, v = split_packed(qkv, num_k_heads, head_k_dim, head_v_dim)
+    return _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale, use_qk_l2norm)
+
+
+@_gdn_verify_packed_op.register_fake
+def _(qkv, g, beta, state, num_tokens, z_out, k_out, g_out, num_k_heads, head_k_dim, head_v_dim, scale,
+      use_qk_l2norm):
+    B, T, C = qkv.shape
+    return qkv.new_empty(B, T, (C - 2 * num_k_heads * head_k_dim) // head_v_dim, head_v_dim)
 
 
 @torch.library.custom_op("hybridspec::gdn_commit", mutates_args=("states",), device_types=None)
@@ -177,6 +224,48 @@ def gdn_verify(
     `[B, T, HV, V]` in the dtype of `v`, equal to the token-by-token recurrence, and `GDNFactors`.
     `factors_out` supplies preallocated factor buffers (static addresses for CUDA graphs).
     """
+    factors_out = _checked(q, k, v, g, beta, state, num_tokens, factors_out)
+    o = _gdn_verify_op(
+        q, k, v, g, beta, state, num_tokens, *factors_out,
+        q.shape[-1]**-0.5 if scale is None else float(scale), use_qk_l2norm,
+    )
+    return o, GDNFactors(*factors_out)
+
+
+def gdn_verify_packed(
+    qkv: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    num_k_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    num_tokens: torch.Tensor | None = None,
+    factors_out: GDNFactors | None = None,
+) -> tuple[torch.Tensor, GDNFactors]:
+    """`gdn_verify` on `qkv` `[B, T, 2 HK K + HV V]`: q, k and v side by side in the last dim, as
+    the GDN mixer's conv writes them; the same kernel and results as `gdn_verify` on its split."""
+    check(qkv.dim() == 3, f"qkv must be [B, T, 2 HK K + HV V], got {tuple(qkv.shape)}")
+    C = qkv.shape[-1]
+    key_dim = num_k_heads * head_k_dim
+    check(num_k_heads >= 1 and head_k_dim >= 1 and head_v_dim >= 1 and C > 2 * key_dim
+          and (C - 2 * key_dim) % head_v_dim == 0,
+          f"qkv's last dim {C} is not 2 x {num_k_heads} key heads x {head_k_dim} plus value heads of {head_v_dim}")
+    q, k, v = split_packed(qkv, num_k_heads, head_k_dim, head_v_dim)
+    factors_out = _checked(q, k, v, g, beta, state, num_tokens, factors_out)
+    o = _gdn_verify_packed_op(
+        qkv, g, beta, state, num_tokens, *factors_out, num_k_heads, head_k_dim, head_v_dim,
+        head_k_dim**-0.5 if scale is None else float(scale), use_qk_l2norm,
+    )
+    return o, GDNFactors(*factors_out)
+
+
+def _checked(q, k, v, g, beta, state, num_tokens, factors_out: GDNFactors | None) -> GDNFactors:
+    """Validate a verify call's inputs (`gdn_verify` says what they are); the factor buffers to
+    write, allocated where none are given."""
     check(q.dim() == 4 and k.shape == q.shape, f"q and k must be [B, T, HK, K] alike, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     B, T, HK, K = q.shape
     check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got q {tuple(q.shape)}")
@@ -211,11 +300,7 @@ def gdn_verify(
                 t.shape == shape and t.dtype == torch.float32 and t.is_contiguous() and t.device == q.device,
                 f"factors_out.{name} must be contiguous fp32 {list(shape)} on {q.device}, got {t.dtype} {tuple(t.shape)} on {t.device}",
             )
-    o = _gdn_verify_op(
-        q, k, v, g, beta, state, num_tokens, *factors_out,
-        K**-0.5 if scale is None else float(scale), use_qk_l2norm,
-    )
-    return o, GDNFactors(*factors_out)
+    return GDNFactors(*factors_out)
 
 
 def stack_factors(factors: Sequence[GDNFactors]) -> GDNFactors:

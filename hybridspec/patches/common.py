@@ -13,7 +13,7 @@ from transformers.activations import ACT2FN
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.fused import fused_rows, fused_weight, plain_unsharded, project
-from hybridspec.ops import decode_attention, gdn_verify, route_topk, route_topk_partials, small_linear, small_linear_partials
+from hybridspec.ops import decode_attention, gdn_verify_packed, route_topk, route_topk_partials, small_linear, small_linear_partials
 from hybridspec.ops import linear as linear_ops
 from hybridspec.ops import moe as moe_ops
 from hybridspec.ops.linear import fits
@@ -43,10 +43,12 @@ def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
-def gdn_core(mod, q, k, v, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
-    """GDN verify of one layer into the round's factor buffers, then the gated norm and out_proj."""
-    B, w = q.shape[:2]
-    o, _ = gdn_verify(q, k, v, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors)
+def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
+    """GDN verify of one layer (`mixed` `[B, w, C]`: the conv's q, k and v side by side) into the
+    round's factor buffers, then the gated norm and out_proj."""
+    B, w = mixed.shape[:2]
+    o, _ = gdn_verify_packed(mixed, g, beta, slot.state, num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim,
+                             head_v_dim=mod.head_v_dim, num_tokens=num_tokens, factors_out=slot.factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
     out = split_out_projection(mod.out_proj, o)
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)

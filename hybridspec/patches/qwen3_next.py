@@ -47,10 +47,6 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     mixed = torch.cat([t.reshape(B, w, -1) for t in (q, k, v)], dim=-1).transpose(1, 2)
     # [B, w, C], contiguous in C for the ops
     mixed = conv_verify(mod, mixed, slot).transpose(1, 2).contiguous()
-    q, k, v = torch.split(mixed, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
-    q = q.reshape(B, w, -1, mod.head_k_dim)
-    k = k.reshape(B, w, -1, mod.head_k_dim)
-    v = v.reshape(B, w, -1, mod.head_v_dim)
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, q, k, v, g, beta, z, slot, num_tokens)
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens)

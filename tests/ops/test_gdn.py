@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridspec.ops import GDNFactors, gdn_commit, gdn_verify, naive
+from hybridspec.ops import GDNFactors, gdn_commit, gdn_verify, gdn_verify_packed, naive
 from hybridspec.ops import gdn as gdn_mod
 from hybridspec.ops.gdn import verify_block_v
 from tests.helpers import assert_rel
@@ -177,6 +177,38 @@ def test_commit_all_layers_in_one_launch(device):
     assert torch.equal(listed, states)
 
 
+@settings(max_examples=12)
+@given(case=gdn_cases(head_dims=(16, 32)), data=st.data())
+def test_packed_equals_split(device, case, data):
+    """`gdn_verify_packed` on q, k and v side by side (as the conv writes them) is `gdn_verify` on
+    the split, bit for bit, with and without `num_tokens`, on the kernel and on the naive twin."""
+    q, k, v, g, beta, state = make_inputs(case, device)
+    B, T = q.shape[:2]
+    # the packed row's stride (2 HK K + HV V) is not a split tensor's: the kernel reads by stride
+    qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
+    n = data.draw(st.lists(st.integers(1, T), min_size=B, max_size=B) | st.none(), label="num_tokens")
+    nt = None if n is None else torch.tensor(n, device=device, dtype=torch.int32)
+    with expect_launch("gdn_verify"):
+        want, wf = gdn_verify(q, k, v, g, beta, state, num_tokens=nt)
+    with expect_launch("gdn_verify"):
+        got, gf = gdn_verify_packed(qkv, g, beta, state, num_k_heads=case.HK, head_k_dim=case.K, head_v_dim=case.V,
+                                    num_tokens=nt)
+    assert torch.equal(got, want)
+    for a, b in zip(gf, wf):
+        assert torch.equal(a, b)
+
+
+def test_packed_rejects_a_width_that_does_not_split(device):
+    case = GDNCase(B=1, T=2, HK=1, group=2, K=16, V=16, dtype=torch.float32, decay="moderate", gate="random", seed=0)
+    q, k, v, g, beta, state = make_inputs(case, device)
+    qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
+    with pytest.raises(ValueError, match="not 2 x 1 key heads x 16 plus value heads of 24"):
+        gdn_verify_packed(qkv, g, beta, state, num_k_heads=1, head_k_dim=16, head_v_dim=24)
+    # one value head fewer than g and beta have
+    with pytest.raises(ValueError, match="g and beta must be"):
+        gdn_verify_packed(qkv[..., :-16], g, beta, state, num_k_heads=1, head_k_dim=16, head_v_dim=16)
+
+
 def _small_args(device):
     case = GDNCase(B=1, T=5, HK=1, group=2, K=16, V=16, dtype=torch.float32, decay="moderate", gate="random", seed=3)
     q, k, v, g, beta, state = make_inputs(case, device)
@@ -193,6 +225,11 @@ def test_opcheck(device):
         (q, k, v, g, beta, state, nt, f.z[0], f.k[0], f.g_cum[0], 0.25, True),
     )
     gdn_verify(q, k, v, g, beta, state, num_tokens=nt, factors_out=GDNFactors(*(x[0] for x in f)))
+    qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
+    torch.library.opcheck(
+        torch.ops.hybridspec.gdn_verify_packed.default,
+        (qkv, g, beta, state, nt, f.z[0], f.k[0], f.g_cum[0], 1, 16, 16, 0.25, True),
+    )
     torch.library.opcheck(
         torch.ops.hybridspec.gdn_commit.default, (state[None].clone(), f.z, f.k, f.g_cum, torch.tensor([3], device=device))
     )
