@@ -76,7 +76,6 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
         budget = torch.tensor(left, dtype=torch.long, device=input_ids.device)
         # a host drafter reads the whole sequence (batch one); a device drafter only the anchors
         context = rows[0] if B == 1 else torch.cat([r[:, -1:] for r in rows])
-        done_before = list(done)
         r = rnd(context, budget, process)
         # the round's one read after verifying: every row's lengths and emitted tokens, together
         table = torch.cat([torch.stack([r.accepted + 1, r.empty, r.w, r.w0, r.layer0], dim=-1), r.tokens], dim=-1)
@@ -90,7 +89,8 @@ def reference_decode(model, input_ids, logits_processor, stopping_criteria, gene
         w, w0, layer0 = listed[0][2:5]
         # the table's read waited for the round; full: every row verified all w tokens
         now = device_time(input_ids.device)
-        full = all(not was_done and n >= w for was_done, n in zip(done_before, left))
+        # (a row that had stopped has no budget left, so `left` alone says it)
+        full = all(n >= w for n in left)
         stats.record(w, w0, kept_rows, layer0, seconds=now - last, full=full)
         last = now
         if recorder is not None:

@@ -237,7 +237,7 @@ class Runner:
         self.io.budget.fill_(stop.max_length - prompt_length - 1)
         self._retire(done)
         pending: deque[int] = deque()
-        launched = read = 0
+        launched = 0
         while True:
             t0 = time.perf_counter()
             self.step()
@@ -258,12 +258,14 @@ class Runner:
             t2 = time.perf_counter()
             table = self._ring_rows[slot].tolist()
             if self.events is not None:
-                before = self._started if read == 0 else self.events[(read - 1) % RING]
+                # rounds are read in launch order, so the round before this one ended at the event
+                # of the slot before it (the decode's start for the first)
+                before = self._started if stats.rounds == 0 else self.events[(slot - 1) % RING]
                 seconds = before.elapsed_time(self.events[slot]) / 1e3
             else:
                 # no events (CPU): the host's read waited for the round, so its clock times it
-                seconds, last_read = time.perf_counter() - last_read, time.perf_counter()
-            read += 1
+                now = time.perf_counter()
+                seconds, last_read = now - last_read, now
             self._read(table, prompt_length, out, done, stats, stop, on_tokens, seconds, live)
             stats.host_seconds.append((t1 - t0) + (time.perf_counter() - t2))
             if all(done):
@@ -282,7 +284,7 @@ class Runner:
                 self.io.budget[b : b + 1].zero_()
 
     def _read(self, table, prompt_length, out, done, stats, stop, on_tokens, seconds: float, live: int) -> None:
-        w = table[0][self.width + W_COL]
+        w, w0, layer0 = (table[0][self.width + c] for c in (W_COL, W0_COL, L0_COL))
         # full: every live row still emitting, with budget (the device's, which the host mirrors)
         # for all w tokens
         full = all(not done[b] and stop.max_length - prompt_length - len(out[b]) >= w for b in range(live))
@@ -303,7 +305,6 @@ class Runner:
             kept_rows.append(kept)
             if on_tokens is not None:
                 on_tokens(new)
-        w, w0, layer0 = (table[0][self.width + c] for c in (W_COL, W0_COL, L0_COL))
         stats.record(w, w0, kept_rows, layer0, seconds=seconds, full=full)
         if any(newly):
             # only the rows that stopped in this round: the others were retired already
