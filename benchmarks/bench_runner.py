@@ -87,6 +87,17 @@ COMPILE = True
 FUSED_HEAD = True
 
 
+def widths_arg(text: str) -> tuple[int, ...]:
+    """`--split-at`: comma-separated verification lengths, each 1..16."""
+    try:
+        widths = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not widths or any(not 1 <= w <= 16 for w in widths):
+        raise argparse.ArgumentTypeError(f"each length must be in 1..16, got {text!r}")
+    return widths
+
+
 def head_top1(target, hidden):
     """The greedy argmax of the verified rows as the runner takes it: from the logits, or with
     `FUSED_HEAD` from `lm_head_top1`."""
@@ -359,9 +370,10 @@ def split_parts(model, drafter, prompt, compile_layers: bool):
     return runner, parts, tokens, per_layer, num, distinct
 
 
-def component_split(model, drafter, prompt):
+def component_split(model, drafter, prompt, widths=SPLIT_AT):
     """Graphs of the GDN mixers, the attention mixers, the MoE blocks, the LM head + greedy accept,
-    the drafter's round alone and Stage 0 (eager as the round runs it, and compiled), at w rows (the
+    the drafter's round alone and Stage 0 (eager as the round runs it, and compiled), at each of
+    `widths` w rows (the
     drafter always drafts its whole block, Stage 0 always runs all W rows). `prompt` `[B, P]`: with
     B > 1 every part runs the batch of B rows (the batched round's shapes: B x W verified rows, the
     drafter drafting for every row), and the distinct (layer, expert) pairs are the union over the
@@ -390,13 +402,13 @@ def component_split(model, drafter, prompt):
     pool = torch.cuda.graph_pool_handle()
     graphs = {name: capture(fn, pool=pool) for name, fn in parts}
     out = {}
-    for w in SPLIT_AT:
+    for w in widths:
         num.fill_(w)
         out[w] = {name: time_ms(graph.replay, replays=5, samples=15) for name, graph in graphs.items()}
     if compile_error is not None:
         kernels["stage0_compiled"] = dict(error=compile_error)
     del runner, graphs
-    return out, kernels, {w: distinct[w - 1] for w in SPLIT_AT}
+    return out, kernels, {w: distinct[w - 1] for w in widths}
 
 
 def print_kernels(kernels: dict) -> None:
@@ -422,7 +434,7 @@ def batch_split(model, drafter, args, variants: list[tuple[str, dict]], result: 
     to runner.json under "batch_split"."""
     B = args.split_batch
     prompt = torch.randint(0, model.config.vocab_size, (B, args.prompt), generator=torch.Generator().manual_seed(0)).cuda()
-    split, kernels, distinct = component_split(model, drafter, prompt)
+    split, kernels, distinct = component_split(model, drafter, prompt, args.split_at)
     result["batch_split"] = dict(batch_size=B, split={str(w): v for w, v in split.items()}, kernels_at_w1=kernels,
                                  distinct_pairs={str(w): d for w, d in distinct.items()})
     print(f"the split at a batch of {B} (w rows per sequence, {B} x w verified; distinct pairs over the batch: "
@@ -441,7 +453,7 @@ def batch_split(model, drafter, args, variants: list[tuple[str, dict]], result: 
     write_json(Path(args.out) / "runner.json", result)
     for kind, changes in variants:
         with config_variant(kind, changes):
-            split, kernels, _ = component_split(model, drafter, prompt)
+            split, kernels, _ = component_split(model, drafter, prompt, args.split_at)
         label = kind + ": " + ",".join(f"{k}={v}" for k, v in changes.items())
         rows.append(dict(kind=kind, variant=changes, split={str(w): v for w, v in split.items()}, kernels_at_w1=kernels))
         print(f"the split at a batch of {B} under {label}")
@@ -730,6 +742,9 @@ def main() -> None:
     parser.add_argument("--split-batch", type=int, default=0,
                         help="only the per-part split and its kernel lists for a batch of this many rows (2..4: "
                              "the batched round's shapes), then stop")
+    parser.add_argument("--split-at", type=widths_arg, default=SPLIT_AT,
+                        help="with --split-batch, the verification lengths w to time the split at, e.g. "
+                             "1,2,4,8,12,16 (default 1,4,8,16)")
     parser.add_argument("--split-variants", default="",
                         help="with --split-batch, the split again under each of these ';'-separated kernel config "
                              "variants, e.g. 'moe:down_block_h=32;linear:wide_block_n=32;gdn:BV=64' (one process, "

@@ -207,3 +207,14 @@ def test_a_config_variant_applies_inside_and_restores_after():
         assert moe.KERNEL_CONFIG.down_block_h == 32
         raise RuntimeError("a failed measurement")
     assert (dict(gdn.VERIFY_CONFIG), linear.KERNEL_CONFIG, moe.KERNEL_CONFIG) == before
+
+
+def test_split_at_parses_lengths_and_rejects_bad_ones():
+    import argparse
+
+    from benchmarks.bench_runner import widths_arg
+
+    assert widths_arg("1,2,4,8,12,16") == (1, 2, 4, 8, 12, 16)
+    for bad in ("", "1,x", "0,4", "4,17"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            widths_arg(bad)

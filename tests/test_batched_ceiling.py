@@ -1,0 +1,104 @@
+"""`benchmarks/batched_ceiling.py`: the simulator against the replay model's closed form, the
+policies' order, the cost models read from a bench and a split, and the labelled JSON it writes."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import batched_ceiling as ceiling
+from hybridspec.sim.replay import BETA_A, BETA_B
+
+
+def expected_emitted(w: int) -> float:
+    """E[min(a + 1, w)] under the replay model: sum over i < w of E[c^i], c ~ Beta(a, b)."""
+    from math import lgamma, exp
+
+    def beta(x, y):
+        return lgamma(x) + lgamma(y) - lgamma(x + y)
+
+    return sum(exp(beta(BETA_A + i, BETA_B) - beta(BETA_A, BETA_B)) for i in range(w))
+
+
+def test_steady_state_fixed_length_emits_the_closed_form():
+    # Beta(5, 2): sum_{i<16} 30 / ((5+i)(6+i)) = 30 (1/5 - 1/21) = 4.571 tokens per row and round
+    assert expected_emitted(16) == pytest.approx(30 * (1 / 5 - 1 / 21))
+    rng = np.random.default_rng(0)
+    for w in (4, 16):
+        got = ceiling.simulate(rng, {w: 1.0}, str(w), 0.0, B=4, budget=None, rounds=20000)
+        assert got / 4 == pytest.approx(expected_emitted(w), rel=0.02)
+
+
+def test_the_bench_regime_never_emits_past_a_budget():
+    # rows of 10 tokens: one round of w = 16 (1 ms) emits at most the two budgets; w = 1 emits one
+    # token per live row per round, and every row lives for exactly its budget's rounds
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        assert 2 <= ceiling.simulate(rng, {16: 1.0}, "16", 0.0, B=2, budget=10, rounds=1) <= 20
+    assert ceiling.simulate(rng, {1: 1.0}, "1", 0.0, B=2, budget=10, rounds=5000) == pytest.approx(2.0)
+
+
+def test_clairvoyant_is_at_least_the_best_fixed_length():
+    # at rho = the best fixed throughput, argmax(gain - rho cost) per round cannot do worse in expectation
+    cost = {2: 3.0, 4: 3.5, 8: 4.5, 16: 6.5}
+    rng = np.random.default_rng(2)
+    fixed = max(ceiling.simulate(rng, cost, str(w), 0.0, 4, None, 4000) for w in cost)
+    clair = ceiling.best(rng, cost, "clairvoyant", 4, None, 4000)
+    knows = ceiling.best(rng, cost, "knows c", 4, None, 4000)
+    assert clair >= fixed * 0.99 and clair >= knows * 0.99
+
+
+def bench_files(tmp_path, bound_at=(1, 2, 4, 8, 12, 16)):
+    bench = dict(batch_size=4, max_new_tokens=32,
+                 rows=[dict(method="AR (ours)", tokens_per_s=800.0, speedup_vs_ar=1.0),
+                       dict(method="HybridSpec", tokens_per_s=1000.0, speedup_vs_ar=1.25)])
+    lengths = [2, 4, 8, 12, 16]
+    calibration = dict(batches=[dict(batch_size=4, lengths=lengths, cost=[8.0 + w / 2 for w in lengths])])
+    part = lambda w: dict(gdn=0.5, attention=0.1, moe=1.0 + w / 2, lm_head_accept=0.2, other=0.0, drafter=0.4)
+    split = dict(batch_split=dict(batch_size=4, bound_ms={str(w): part(w) for w in bound_at}))
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    (tmp_path / "calibration.json").write_text(json.dumps(calibration))
+    (tmp_path / "split.json").write_text(json.dumps(split))
+    return bench, calibration, split
+
+
+def test_costs_reads_both_models(tmp_path):
+    bench, calibration, split = bench_files(tmp_path)
+    models, interpolated = ceiling.costs(bench, calibration, split["batch_split"])
+    assert interpolated == []
+    ar_ms, measured = models["measured"]
+    assert ar_ms == pytest.approx(4 / 800.0 * 1e3) and measured[8] == 12.0
+    ar_bound, rounds = models["bytes bound"]
+    assert ar_bound == pytest.approx(0.5 + 0.1 + 1.5 + 0.2)  # w = 1, no drafter
+    assert rounds[16] == pytest.approx(0.5 + 0.1 + 9.0 + 0.2 + 0.4)
+
+
+def test_a_split_without_the_policy_lengths_names_the_command_or_interpolates(tmp_path):
+    bench, calibration, split = bench_files(tmp_path, bound_at=(1, 4, 8, 16))
+    with pytest.raises(SystemExit, match=r"no bound at w = \[2, 12\].*--split-at 1,2,4,8,12,16.*--interpolate"):
+        ceiling.costs(bench, calibration, split["batch_split"])
+    models, interpolated = ceiling.costs(bench, calibration, split["batch_split"], interpolate=True)
+    assert interpolated == [2, 12]
+    # moe is linear in w here, so the chord is exact
+    assert models["bytes bound"][1][12] == pytest.approx(0.5 + 0.1 + 7.0 + 0.2 + 0.4)
+    bench_files(tmp_path, bound_at=(4, 8, 16))
+    split = json.loads((tmp_path / "split.json").read_text())
+    with pytest.raises(SystemExit, match=r"no bound at w = \[1, 2, 12\]"):
+        ceiling.costs(bench, calibration, split["batch_split"], interpolate=True)
+
+
+def test_main_writes_a_table_labelled_simulated(tmp_path, monkeypatch, capsys):
+    bench_files(tmp_path)
+    out = tmp_path / "ceiling.json"
+    monkeypatch.setattr(sys, "argv", ["batched_ceiling", "--bench", str(tmp_path), "--split", str(tmp_path / "split.json"),
+                                      "--rounds", "200", "--out", str(out)])
+    ceiling.main()
+    assert "acceptance: simulated" in capsys.readouterr().out
+    got = json.loads(out.read_text())
+    assert got["simulated"] is True and got["acceptance"].startswith("simulated")
+    policies = {(r["cost_model"], r["policy"]) for r in got["rows"]}
+    assert ("bytes bound", "clairvoyant") in policies and ("measured", "fixed w=16") in policies
+    assert all(np.isfinite(r["bench_regime"]) and r["bench_regime"] > 0 for r in got["rows"])
