@@ -45,7 +45,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hybridspec.sim.replay import BETA_A, BETA_B  # noqa: E402
 
 BOUND_PARTS = ("gdn", "attention", "moe", "lm_head_accept", "other")
-ACCEPTANCE = f"simulated: the replay model (c ~ Beta({BETA_A}, {BETA_B}) per round and row), Monte Carlo"
+
+
+def acceptance_label(beta: tuple[float, float]) -> str:
+    if beta == (BETA_A, BETA_B):
+        return f"simulated: the replay model (c ~ Beta({BETA_A}, {BETA_B}) per round and row), Monte Carlo"
+    return (f"simulated, what-if: c ~ Beta({beta[0]:g}, {beta[1]:g}) per round and row (not the replay model's "
+            f"Beta({BETA_A}, {BETA_B})), Monte Carlo")
+
+
+def beta_arg(text: str) -> tuple[float, float]:
+    """`--beta a,b`, both positive."""
+    try:
+        a, b = (float(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'a,b', got {text!r}") from None
+    if a <= 0 or b <= 0:
+        raise argparse.ArgumentTypeError(f"both parameters must be positive, got {text!r}")
+    return a, b
 
 
 def interpolated(bound: dict[int, float], w: int) -> float:
@@ -77,15 +94,15 @@ def costs(bench: dict, calibration: dict, split: dict,
     return {"measured": (B / ar["tokens_per_s"] * 1e3, measured), "bytes bound": (at[1], bound_rounds)}, missing
 
 
-def accepted_lengths(rng, B: int, D: int) -> tuple[np.ndarray, np.ndarray]:
+def accepted_lengths(rng, B: int, D: int, beta: tuple[float, float] = (BETA_A, BETA_B)) -> tuple[np.ndarray, np.ndarray]:
     """One round of the replay model: every row's c `[B]` and its leading right drafts `[B]`."""
-    c = rng.beta(BETA_A, BETA_B, B)
+    c = rng.beta(*beta, B)
     right = rng.random((B, D)) < c[:, None]
     return c, np.where(right.all(1), D, right.argmin(1))
 
 
 def simulate(rng, cost: dict[int, float], policy: str, rho: float, B: int, budget: int | None, rounds: int,
-             D: int = 15) -> float:
+             D: int = 15, beta: tuple[float, float] = (BETA_A, BETA_B)) -> float:
     """Tokens per ms over the batch. `budget` None: the steady state, `rounds` rounds; else repeat
     the bench's batch (each row `budget` tokens) until `rounds` rounds have run."""
     ws = np.array(sorted(cost))
@@ -94,7 +111,7 @@ def simulate(rng, cost: dict[int, float], policy: str, rho: float, B: int, budge
     while n < rounds:
         left = np.full(B, budget if budget is not None else np.iinfo(np.int64).max // 2)
         while left.max() > 0 and n < rounds:
-            c, a = accepted_lengths(rng, B, D)
+            c, a = accepted_lengths(rng, B, D, beta)
             live = left > 0
             if policy == "knows c":
                 gain = np.array([np.minimum((1 - c ** w) / (1 - c), left)[live].sum() for w in ws])
@@ -110,10 +127,10 @@ def simulate(rng, cost: dict[int, float], policy: str, rho: float, B: int, budge
     return tokens / ms
 
 
-def best(rng, cost, policy, B, budget, rounds) -> float:
+def best(rng, cost, policy, B, budget, rounds, beta=(BETA_A, BETA_B)) -> float:
     """The policy's throughput at its best trade-off rho (a grid around the fixed lengths' best)."""
-    top = max(simulate(rng, cost, str(w), 0.0, B, budget, rounds // 4) for w in cost)
-    return max(simulate(rng, cost, policy, rho, B, budget, rounds) for rho in top * np.linspace(0.6, 1.6, 11))
+    top = max(simulate(rng, cost, str(w), 0.0, B, budget, rounds // 4, beta=beta) for w in cost)
+    return max(simulate(rng, cost, policy, rho, B, budget, rounds, beta=beta) for rho in top * np.linspace(0.6, 1.6, 11))
 
 
 def main() -> None:
@@ -128,6 +145,9 @@ def main() -> None:
                              "the bound: it flatters speculation)")
     parser.add_argument("--rounds", type=int, default=20000, help="simulated rounds per figure")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--beta", type=beta_arg, default=(BETA_A, BETA_B),
+                        help=f"the per-round c ~ Beta(a, b) as 'a,b' (default the replay model's {BETA_A},{BETA_B}; "
+                             "another is a what-if, and the output says so)")
     parser.add_argument("--out", default="", help="write the table as JSON here")
     args = parser.parse_args()
     bench_path = Path(args.bench)
@@ -141,7 +161,8 @@ def main() -> None:
         raise SystemExit(f"the split is at a batch of {split['batch_size']}, the bench at {B}")
     rng = np.random.default_rng(args.seed)
     measured = {r["method"]: r["speedup_vs_ar"] for r in bench["rows"]}
-    print(f"acceptance: {ACCEPTANCE}; batch {B}, {budget} new tokens per row; {args.rounds} rounds per figure")
+    acceptance = acceptance_label(args.beta)
+    print(f"acceptance: {acceptance}; batch {B}, {budget} new tokens per row; {args.rounds} rounds per figure")
     print(f"bench measured vs AR: " + ", ".join(f"{k} {v:.3f}" for k, v in measured.items() if k != "AR (ours)"))
     table = []
     models, interpolated_at = costs(bench, calibration, split, args.interpolate)
@@ -152,14 +173,14 @@ def main() -> None:
         print(f"\n{model}: AR {ar_ms:.3f} ms a step; round ms " + " ".join(f"{w}:{c:.2f}" for w, c in cost.items()))
         print(f"{'policy':>12} | bench regime vs AR | steady state vs AR")
         for policy in [*(str(w) for w in cost), "knows c", "clairvoyant"]:
-            runs = [simulate(rng, cost, policy, 0.0, B, budget, args.rounds) if policy[0].isdigit()
-                    else best(rng, cost, policy, B, budget, args.rounds) for budget in (budget, None)]
+            runs = [simulate(rng, cost, policy, 0.0, B, budget, args.rounds, beta=args.beta) if policy[0].isdigit()
+                    else best(rng, cost, policy, B, budget, args.rounds, args.beta) for budget in (budget, None)]
             row = dict(cost_model=model, policy=policy if not policy[0].isdigit() else f"fixed w={policy}",
                        bench_regime=runs[0] / ar, steady_state=runs[1] / ar)
             table.append(row)
             print(f"{row['policy']:>12} | {row['bench_regime']:18.3f} | {row['steady_state']:18.3f}")
     if args.out:
-        Path(args.out).write_text(json.dumps(dict(acceptance=ACCEPTANCE, simulated=True, batch_size=B,
+        Path(args.out).write_text(json.dumps(dict(acceptance=acceptance, simulated=True, beta=list(args.beta), batch_size=B,
                                                   max_new_tokens=budget, rounds=args.rounds, seed=args.seed,
                                                   bound_interpolated_at=interpolated_at,
                                                   costs={m: dict(ar_ms=a, round_ms=c) for m, (a, c) in models.items()},

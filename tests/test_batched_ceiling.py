@@ -102,3 +102,25 @@ def test_main_writes_a_table_labelled_simulated(tmp_path, monkeypatch, capsys):
     policies = {(r["cost_model"], r["policy"]) for r in got["rows"]}
     assert ("bytes bound", "clairvoyant") in policies and ("measured", "fixed w=16") in policies
     assert all(np.isfinite(r["bench_regime"]) and r["bench_regime"] > 0 for r in got["rows"])
+
+
+def test_another_beta_is_labelled_a_what_if(tmp_path, monkeypatch):
+    import argparse
+
+    assert ceiling.beta_arg("9,1") == (9.0, 1.0)
+    for bad in ("9", "9,x", "0,1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            ceiling.beta_arg(bad)
+    assert ceiling.acceptance_label((float(BETA_A), float(BETA_B))).startswith("simulated: the replay model")
+    assert "what-if" in ceiling.acceptance_label((9.0, 1.0))
+    # a drafter that is almost always right emits more per round than the replay model's
+    rng = np.random.default_rng(3)
+    high = ceiling.simulate(rng, {16: 1.0}, "16", 0.0, 4, None, 2000, beta=(50.0, 1.0))
+    assert high > ceiling.simulate(rng, {16: 1.0}, "16", 0.0, 4, None, 2000) * 1.5
+    bench_files(tmp_path)
+    out = tmp_path / "what-if.json"
+    monkeypatch.setattr(sys, "argv", ["batched_ceiling", "--bench", str(tmp_path), "--split", str(tmp_path / "split.json"),
+                                      "--rounds", "100", "--beta", "9,1", "--out", str(out)])
+    ceiling.main()
+    got = json.loads(out.read_text())
+    assert got["beta"] == [9.0, 1.0] and "what-if" in got["acceptance"]
