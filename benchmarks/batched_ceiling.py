@@ -5,17 +5,25 @@ Not a timing run: it reads two that were (a `hybridspec bench --batch-size B` ou
 them with the replay drafter's acceptance model (`hybridspec.sim.replay`: per round and row
 c ~ Beta(5, 2), draft i right with probability c). Acceptance in every figure here is simulated.
 
-Two cost models:
-- measured: our batched AR step from the bench's AR row, a round at w from the bench's batched
-  calibration (full rounds, `hybridspec calibrate --batch-sizes`);
+Three cost models, the AR step in the first two being the bench's own (its AR row):
+- calibration: a round at w from the bench's batched calibration (`hybridspec calibrate
+  --batch-sizes`; before 2026-12-05 it timed partial rounds too, which underprices long ones);
+- split: a round at w the sum of the split's measured parts (GDN, attention, MoE, LM head + accept,
+  drafter, Stage 0 as the round runs it; each part a graph of its own, so launch gaps between parts
+  and the host's work are left out);
 - bytes bound: every part of the split at its bytes bound (`component_bytes`: each weight once, each
-  expert of the batch's union once), the AR step being the split at w = 1 without the drafter.
+  expert of the batch's union once), the AR step being the split at w = 1 without the drafter. Any
+  common factor over the bound leaves the ratios unchanged, so this is also the ceiling for kernels
+  that are all equally far from their bytes.
 
 Policies, each over the length set of the batched policy:
 - fixed w;
 - knows c: each round picks w from every row's true c (more than a policy can know);
-- clairvoyant: each round picks w from how many drafts of every row are right (the ceiling of
-  any length policy; the length set and the one shared w remain).
+- knows c + confidences: from every row's c and each draft's confidence, as the replay drafter
+  draws it (which depends on whether the draft is right): the Bayes-optimal choice from
+  everything a policy could know before verifying, so the ceiling of any length policy;
+- clairvoyant: each round picks w from how many drafts of every row are right (more than can be
+  known before verifying; the length set and the one shared w remain).
 
 Two regimes: the bench's (B rows of `max_new_tokens` each; a row that reaches its budget idles
 while the others go on; a round costs C(w) whoever is live, which is the cost model's weak point
@@ -24,9 +32,9 @@ policy's batch throughput can pass its steady-state figure). The regime-one vani
 printed beside the bench's measured one as a check of the simulator.
 
 Where the split was timed at fewer lengths than the batched policy uses, `--interpolate` fills the
-missing bounds linearly between the nearest measured lengths. The MoE bound grows with the union of
-experts over the batch, a concave function of w, so the chord lies below it: interpolated rounds are
-priced cheaper than their bound, which flatters speculation, never AR.
+missing ones (split and bound) linearly between the nearest timed lengths. The MoE cost grows with
+the union of experts over the batch, a concave function of w, so the chord lies below it:
+interpolated rounds are priced cheaper than they are, which flatters speculation, never AR.
 
     python benchmarks/batched_ceiling.py --bench DIR --split runner.json [--interpolate] [--out ceiling.json]
     python benchmarks/batched_ceiling.py --bench bench.json --calibration calibration.json --split split.json
@@ -42,9 +50,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hybridspec.sim.replay import BETA_A, BETA_B  # noqa: E402
+from hybridspec.sim.replay import BETA_A, BETA_B, CONFIDENCE_SHIFT  # noqa: E402
 
 BOUND_PARTS = ("gdn", "attention", "moe", "lm_head_accept", "other")
+POLICIES = ("knows c", "knows c + confidences", "clairvoyant")
+ROUND_PARTS = ("gdn", "attention", "moe", "lm_head_accept", "drafter", "stage0")
 
 
 def acceptance_label(beta: tuple[float, float]) -> str:
@@ -73,14 +83,13 @@ def interpolated(bound: dict[int, float], w: int) -> float:
 
 def costs(bench: dict, calibration: dict, split: dict,
           interpolate: bool = False) -> tuple[dict[str, tuple[float, dict[int, float]]], list[int]]:
-    """{model: (AR ms per step, {w: round ms})} for the measured and the bytes-bound models, and the
-    lengths whose bound was interpolated."""
+    """{model: (AR ms per step, {w: round ms})} for the calibration, split and bytes-bound models,
+    and the lengths the split lacked (interpolated)."""
     B = bench["batch_size"]
     ar = next(r for r in bench["rows"] if r["method"] == "AR (ours)")
     entry = next((e for e in calibration["batches"] if e["batch_size"] == B), None)
     if entry is None:
         raise SystemExit(f"the calibration has no batch of {B}: the bench's output directory holds the one it used")
-    measured = dict(zip(entry["lengths"], entry["cost"]))
     bound = split["bound_ms"]
     have = sorted(int(w) for w in bound)
     missing = [w for w in entry["lengths"] if w not in have]
@@ -90,15 +99,24 @@ def costs(bench: dict, calibration: dict, split: dict,
                          + ("" if 1 not in have or max(missing) > have[-1] else ", or pass --interpolate"))
     at = {w: sum(bound[str(w)][k] for k in BOUND_PARTS) for w in have}
     drafter = {w: bound[str(w)]["drafter"] for w in have}
-    bound_rounds = {w: interpolated(at, w) + interpolated(drafter, w) for w in entry["lengths"]}
-    return {"measured": (B / ar["tokens_per_s"] * 1e3, measured), "bytes bound": (at[1], bound_rounds)}, missing
+    timed = {w: sum(split["split"][str(w)][k] for k in ROUND_PARTS) for w in have}
+    ar_ms = B / ar["tokens_per_s"] * 1e3
+    return {"calibration": (ar_ms, dict(zip(entry["lengths"], entry["cost"]))),
+            "split": (ar_ms, {w: interpolated(timed, w) for w in entry["lengths"]}),
+            "bytes bound": (at[1], {w: interpolated(at, w) + interpolated(drafter, w) for w in entry["lengths"]})}, missing
 
 
-def accepted_lengths(rng, B: int, D: int, beta: tuple[float, float] = (BETA_A, BETA_B)) -> tuple[np.ndarray, np.ndarray]:
-    """One round of the replay model: every row's c `[B]` and its leading right drafts `[B]`."""
+def accepted_lengths(rng, B: int, D: int, beta: tuple[float, float] = (BETA_A, BETA_B)) -> tuple[np.ndarray, ...]:
+    """One round of the replay model: every row's c `[B]`, its leading right drafts `[B]`, and each
+    draft's probability of being right given c and its confidence `[B, D]`. The replay drafter's
+    confidence is sigmoid(logit(c) + s (2 x - 1) + e), e ~ N(0, 1), s = `CONFIDENCE_SHIFT`, so
+    u = logit(confidence) - logit(c) has likelihood ratio exp(2 s u) between right and wrong."""
     c = rng.beta(*beta, B)
     right = rng.random((B, D)) < c[:, None]
-    return c, np.where(right.all(1), D, right.argmin(1))
+    u = CONFIDENCE_SHIFT * (2 * right - 1) + rng.standard_normal((B, D))
+    logit = np.log(c / (1 - c))[:, None] + 2 * CONFIDENCE_SHIFT * u
+    posterior = 0.5 * (1 + np.tanh(logit / 2))  # sigmoid, without overflow
+    return c, np.where(right.all(1), D, right.argmin(1)), posterior
 
 
 def simulate(rng, cost: dict[int, float], policy: str, rho: float, B: int, budget: int | None, rounds: int,
@@ -111,10 +129,15 @@ def simulate(rng, cost: dict[int, float], policy: str, rho: float, B: int, budge
     while n < rounds:
         left = np.full(B, budget if budget is not None else np.iinfo(np.int64).max // 2)
         while left.max() > 0 and n < rounds:
-            c, a = accepted_lengths(rng, B, D, beta)
+            c, a, posterior = accepted_lengths(rng, B, D, beta)
             live = left > 0
             if policy == "knows c":
                 gain = np.array([np.minimum((1 - c ** w) / (1 - c), left)[live].sum() for w in ws])
+                w = ws[np.argmax(gain - rho * cs)]
+            elif policy == "knows c + confidences":
+                # expected emitted at w: 1 + sum_{i < w - 1} P(drafts 1..i+1 all right)
+                expected = np.concatenate([np.ones((B, 1)), 1 + np.cumsum(np.cumprod(posterior, 1), 1)], 1)
+                gain = np.array([np.minimum(expected[:, w - 1], left)[live].sum() for w in ws])
                 w = ws[np.argmax(gain - rho * cs)]
             elif policy == "clairvoyant":
                 gain = np.array([np.minimum(np.minimum(a + 1, w), left)[live].sum() for w in ws])
@@ -167,12 +190,12 @@ def main() -> None:
     table = []
     models, interpolated_at = costs(bench, calibration, split, args.interpolate)
     if interpolated_at:
-        print(f"bytes bound at w = {interpolated_at} interpolated between the split's lengths (cheaper than the bound)")
+        print(f"split and bytes bound at w = {interpolated_at} interpolated between the split's lengths (priced low)")
     for model, (ar_ms, cost) in models.items():
         ar = B / ar_ms
         print(f"\n{model}: AR {ar_ms:.3f} ms a step; round ms " + " ".join(f"{w}:{c:.2f}" for w, c in cost.items()))
         print(f"{'policy':>12} | bench regime vs AR | steady state vs AR")
-        for policy in [*(str(w) for w in cost), "knows c", "clairvoyant"]:
+        for policy in [*(str(w) for w in cost), *POLICIES]:
             runs = [simulate(rng, cost, policy, 0.0, B, budget, args.rounds, beta=args.beta) if policy[0].isdigit()
                     else best(rng, cost, policy, B, budget, args.rounds, args.beta) for budget in (budget, None)]
             row = dict(cost_model=model, policy=policy if not policy[0].isdigit() else f"fixed w={policy}",

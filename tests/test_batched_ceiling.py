@@ -48,7 +48,23 @@ def test_clairvoyant_is_at_least_the_best_fixed_length():
     fixed = max(ceiling.simulate(rng, cost, str(w), 0.0, 4, None, 4000) for w in cost)
     clair = ceiling.best(rng, cost, "clairvoyant", 4, None, 4000)
     knows = ceiling.best(rng, cost, "knows c", 4, None, 4000)
+    confident = ceiling.best(rng, cost, "knows c + confidences", 4, None, 4000)
     assert clair >= fixed * 0.99 and clair >= knows * 0.99
+    # the confidences say more than c alone, less than the outcomes
+    assert knows * 0.99 <= confident <= clair * 1.01
+
+
+def test_the_posterior_is_calibrated():
+    # given c and the confidences the drafts are independent, so E[prod_{j<i} p_j] = P(first i right) = E[c^i]
+    rng = np.random.default_rng(4)
+    draws = [ceiling.accepted_lengths(rng, 64, 15) for _ in range(400)]
+    posterior = np.concatenate([d[2] for d in draws])
+    leading = np.concatenate([d[1] for d in draws])
+    for i in (1, 2, 4, 8):
+        moment = expected_emitted(i + 1) - expected_emitted(i)  # E[c^i]
+        assert np.cumprod(posterior, 1)[:, i - 1].mean() == pytest.approx(moment, abs=0.01)
+        assert (leading >= i).mean() == pytest.approx(moment, abs=0.01)
+    assert np.isfinite(posterior).all() and ((posterior >= 0) & (posterior <= 1)).all()
 
 
 def bench_files(tmp_path, bound_at=(1, 2, 4, 8, 12, 16)):
@@ -58,7 +74,10 @@ def bench_files(tmp_path, bound_at=(1, 2, 4, 8, 12, 16)):
     lengths = [2, 4, 8, 12, 16]
     calibration = dict(batches=[dict(batch_size=4, lengths=lengths, cost=[8.0 + w / 2 for w in lengths])])
     part = lambda w: dict(gdn=0.5, attention=0.1, moe=1.0 + w / 2, lm_head_accept=0.2, other=0.0, drafter=0.4)
-    split = dict(batch_split=dict(batch_size=4, bound_ms={str(w): part(w) for w in bound_at}))
+    timed = lambda w: dict(gdn=1.0, attention=0.2, moe=2.0 + w, lm_head_accept=0.3, drafter=0.8, stage0=0.1,
+                           stage0_compiled=0.05)
+    split = dict(batch_split=dict(batch_size=4, bound_ms={str(w): part(w) for w in bound_at},
+                                  split={str(w): timed(w) for w in bound_at}))
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     (tmp_path / "calibration.json").write_text(json.dumps(calibration))
     (tmp_path / "split.json").write_text(json.dumps(split))
@@ -69,8 +88,10 @@ def test_costs_reads_both_models(tmp_path):
     bench, calibration, split = bench_files(tmp_path)
     models, interpolated = ceiling.costs(bench, calibration, split["batch_split"])
     assert interpolated == []
-    ar_ms, measured = models["measured"]
+    ar_ms, measured = models["calibration"]
     assert ar_ms == pytest.approx(4 / 800.0 * 1e3) and measured[8] == 12.0
+    assert models["split"][0] == ar_ms
+    assert models["split"][1][4] == pytest.approx(1.0 + 0.2 + 6.0 + 0.3 + 0.8 + 0.1)  # stage0 as the round runs it
     ar_bound, rounds = models["bytes bound"]
     assert ar_bound == pytest.approx(0.5 + 0.1 + 1.5 + 0.2)  # w = 1, no drafter
     assert rounds[16] == pytest.approx(0.5 + 0.1 + 9.0 + 0.2 + 0.4)
@@ -84,6 +105,7 @@ def test_a_split_without_the_policy_lengths_names_the_command_or_interpolates(tm
     assert interpolated == [2, 12]
     # moe is linear in w here, so the chord is exact
     assert models["bytes bound"][1][12] == pytest.approx(0.5 + 0.1 + 7.0 + 0.2 + 0.4)
+    assert models["split"][1][2] == pytest.approx(1.0 + 0.2 + 4.0 + 0.3 + 0.8 + 0.1)
     bench_files(tmp_path, bound_at=(4, 8, 16))
     split = json.loads((tmp_path / "split.json").read_text())
     with pytest.raises(SystemExit, match=r"no bound at w = \[1, 2, 12\]"):
@@ -100,7 +122,8 @@ def test_main_writes_a_table_labelled_simulated(tmp_path, monkeypatch, capsys):
     got = json.loads(out.read_text())
     assert got["simulated"] is True and got["acceptance"].startswith("simulated")
     policies = {(r["cost_model"], r["policy"]) for r in got["rows"]}
-    assert ("bytes bound", "clairvoyant") in policies and ("measured", "fixed w=16") in policies
+    assert ("bytes bound", "clairvoyant") in policies and ("split", "fixed w=16") in policies
+    assert ("split", "knows c + confidences") in policies
     assert all(np.isfinite(r["bench_regime"]) and r["bench_regime"] > 0 for r in got["rows"])
 
 

@@ -78,29 +78,37 @@ def timed_round_ms(model, drafter, prompts, max_new_tokens: int, verify_length: 
                          hybridspec_accept=accept)
 
 
-def mean_round_ms(model, drafter, calls, desc: str, **generate_kwargs) -> float:
-    """Mean device time of the full rounds (`HybridSpecStats.full`: every row verified all w tokens)
-    of greedy `generate` calls, `calls` being (input_ids, attention_mask or None, continuation or
-    None) triples (a continuation is handed to a replay drafter first); the first call only warms
-    up (capture, compiles) unless it is the only one. Rounds that are not full verify fewer rows (a
-    row near its token limit counts only its budget, a stopped row of a batch one row), so counting
-    them makes long lengths look cheaper than they are (the B = 4 calibration at f82ab31, a 64-token
-    budget, timed 14.3 ms at w = 16 where vanilla DFlash's rounds in the same run took 16.5).
-    Per-round times come from the runner's events (device time between rounds' ends)."""
+def full_round_seconds(stats, verify_length: int) -> list[float]:
+    """The device seconds of `stats`' rounds that time C(`verify_length`): full rounds
+    (`HybridSpecStats.full`: every row verified all w tokens) at that length. A fixed length is
+    capped by the largest budget left, so near the token limit a round runs shorter, and all its
+    rows may still verify all of its w: full, but not a round of the requested length."""
+    return [s for s, w, full in zip(stats.round_seconds, stats.verify_lengths, stats.full) if full and w == verify_length]
+
+
+def mean_round_ms(model, drafter, calls, desc: str, *, verify_length: int, **generate_kwargs) -> float:
+    """Mean device time of the full rounds at `verify_length` (`full_round_seconds`) of greedy
+    `generate` calls, `calls` being (input_ids, attention_mask or None, continuation or None) triples
+    (a continuation is handed to a replay drafter first); the first call only warms up (capture,
+    compiles) unless it is the only one. Rounds that are not full verify fewer rows (a row near its
+    token limit counts only its budget, a stopped row of a batch one row, a length capped by the
+    largest budget fewer for every row), so counting them makes long lengths look cheaper than they
+    are (the B = 4 calibration at f82ab31, a 64-token budget, timed 14.3 ms at w = 16 where vanilla
+    DFlash's rounds in the same run took 16.5). Per-round times come from the runner's events
+    (device time between rounds' ends)."""
     seconds = []
     for n, (ids, mask, continuation) in enumerate(tqdm(calls, desc=desc, leave=False)):
         if continuation is not None:
             drafter.continuation = continuation
         padded = {} if mask is None else {"attention_mask": mask}
         out = model.generate(ids, assistant_model=drafter, hybridspec=True, do_sample=False,
-                             return_dict_in_generate=True, **padded, **generate_kwargs)
+                             return_dict_in_generate=True, verify_length=verify_length, **padded, **generate_kwargs)
         if n > 0 or len(calls) == 1:
-            stats = out.hybridspec_stats
-            seconds += [s for s, full in zip(stats.round_seconds, stats.full) if full]
+            seconds += full_round_seconds(out.hybridspec_stats, verify_length)
     if not seconds:
-        raise ValueError(f"{desc}: no timed round verified every row's w tokens: raise the calibration's "
-                         "max_new_tokens (`hybridspec calibrate --max-new-tokens`) so each call runs a round "
-                         "with w tokens of budget left")
+        raise ValueError(f"{desc}: no timed round verified every row's {verify_length} tokens: raise the "
+                         "calibration's max_new_tokens (`hybridspec calibrate --max-new-tokens`) so each call "
+                         f"runs a round with {verify_length} tokens of budget left")
     return float(np.mean(seconds)) * 1e3
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hybridspec
-from hybridspec.calibration.capture import mean_round_ms
+from hybridspec.calibration.capture import full_round_seconds, mean_round_ms
 from hybridspec.round.stats import HybridSpecStats
 from hybridspec.sim.replay import DeviceReplayDrafter
 from tests.generation.test_batched import PAD, padded_batch, target_only
@@ -97,6 +97,25 @@ def check_round_stats(model, stop, loop_args, budget_case: bool):
     assert sum(stats.round_seconds) <= stats.decode_seconds * 1.01
 
 
+@pytest.mark.parametrize("loop", [dict(reference_loop=True), dict(enforce_eager=True)])
+def test_a_round_capped_by_the_budget_does_not_time_the_length(model, loop):
+    # B = 1 at 20 tokens and w = 6: the fixed length is capped by the budget left, so the last
+    # round verifies fewer rows, all of them its own: full, but no round of w = 6 (found in review)
+    ids, mask = padded_batch(1, seed=5)
+    P = ids.shape[1]
+    free = target_only(model, ids, mask, max_new_tokens=MAX_NEW, eos_token_id=None)
+    replay = DeviceReplayDrafter(random_drafter(), free[:, P:].clone())
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None,
+                         pad_token_id=PAD, assistant_model=replay, hybridspec=True, return_dict_in_generate=True,
+                         verify_length=6, **loop)
+    stats = out.hybridspec_stats
+    short = [i for i, w in enumerate(stats.verify_lengths) if w < 6]
+    assert short and all(stats.full[i] for i in short)
+    timed = full_round_seconds(stats, 6)
+    assert timed == [t for t, w in zip(stats.round_seconds, stats.verify_lengths) if w == 6]
+    assert len(timed) == len(stats.verify_lengths) - len(short)
+
+
 class _Stub:
     """A model whose `generate` hands back prepared statistics, one call after another."""
 
@@ -119,12 +138,13 @@ def test_mean_round_ms_counts_full_rounds_after_the_warm_up():
     warm = _stats([1.0, 1.0], [True, True])
     a = _stats([0.004, 0.006, 0.001], [True, True, False])
     b = _stats([0.008, 0.0005], [True, False])
-    got = mean_round_ms(_Stub([warm, a, b]), None, calls, "t")
+    b.record(3, 4, [0], 0, seconds=0.0001, full=True)  # capped by the budget: full, but not a w = 4 round
+    got = mean_round_ms(_Stub([warm, a, b]), None, calls, "t", verify_length=4)
     assert got == pytest.approx(6.0)  # (4 + 6 + 8) / 3 ms
 
 
 def test_mean_round_ms_without_a_full_round_raises():
     calls = [(torch.zeros(1, 2, dtype=torch.long), None, None)] * 2
     stub = _Stub([_stats([0.01], [True]), _stats([0.002, 0.001], [False, False])])
-    with pytest.raises(ValueError, match="no timed round verified every row's w tokens.*max-new-tokens"):
-        mean_round_ms(stub, None, calls, "timing w = 16")
+    with pytest.raises(ValueError, match="no timed round verified every row's 4 tokens.*max-new-tokens"):
+        mean_round_ms(stub, None, calls, "timing w = 16", verify_length=4)
