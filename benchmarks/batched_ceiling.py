@@ -10,7 +10,9 @@ Three cost models, the AR step in the first two being the bench's own (its AR ro
   --batch-sizes`; before 2026-12-05 it timed partial rounds too, which underprices long ones);
 - split: a round at w the sum of the split's measured parts (GDN, attention, MoE, LM head + accept,
   drafter, Stage 0 as the round runs it; each part a graph of its own, so launch gaps between parts
-  and the host's work are left out);
+  and the host's work are left out; the GDN and MoE parts time Layer 0 in full, which the round's
+  second stage skips after Stage 0, so a round is overpriced by up to Stage 0's time, 0.07 ms at
+  B = 4, against speculation);
 - bytes bound: every part of the split at its bytes bound (`component_bytes`: each weight once, each
   expert of the batch's union once), the AR step being the split at w = 1 without the drafter. Any
   common factor over the bound leaves the ratios unchanged, so this is also the ceiling for kernels
@@ -18,6 +20,9 @@ Three cost models, the AR step in the first two being the bench's own (its AR ro
 
 Policies, each over the length set of the batched policy:
 - fixed w;
+- calibrated: the batched HybridSpec policy's choice (`policy.BatchPolicy`, without the routing
+  correction and at its best rho): the acceptance model `hybridspec calibrate` fits
+  (`fit_acceptance`, on 4,000 replay rounds) predicts each draft from its confidence and entropy;
 - knows c: each round picks w from every row's true c (more than a policy can know);
 - knows c + confidences: from every row's c and each draft's confidence, as the replay drafter
   draws it (which depends on whether the draft is right): the Bayes-optimal choice from
@@ -25,11 +30,13 @@ Policies, each over the length set of the batched policy:
 - clairvoyant: each round picks w from how many drafts of every row are right (more than can be
   known before verifying; the length set and the one shared w remain).
 
-Two regimes: the bench's (B rows of `max_new_tokens` each; a row that reaches its budget idles
-while the others go on; a round costs C(w) whoever is live, which is the cost model's weak point
-in the tail) and the steady state (every row always live: no round is ever partly idle, so no
-policy's batch throughput can pass its steady-state figure). The regime-one vanilla figure is
-printed beside the bench's measured one as a check of the simulator.
+Two regimes: the bench's (B rows of `max_new_tokens` - 1 decoded tokens each, the first coming
+from the prefill; a row that reaches its budget idles while the others go on; under the split and
+bytes-bound models such a round pays its MoE blocks at the rows it counts, the other parts in full,
+under the calibration model everything in full) and the steady state (every row always live; the
+parts other than the MoE blocks run for every row whoever is live, so a partly idle round is never
+cheaper per token, and the steady state bounds the bench's regime). The bench regime's fixed
+w = 16 row is printed beside the bench's measured vanilla DFlash as a check of the simulator.
 
 Where the split was timed at fewer lengths than the batched policy uses, `--interpolate` fills the
 missing ones (split and bound) linearly between the nearest timed lengths. The MoE cost grows with
@@ -43,17 +50,23 @@ interpolated rounds are priced cheaper than they are, which flatters speculation
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hybridspec.sim.replay import BETA_A, BETA_B, CONFIDENCE_SHIFT  # noqa: E402
+import torch  # noqa: E402
+
+from hybridspec.sim.replay import BETA_A, BETA_B, CONFIDENCE_SHIFT, OTHER_TOKENS  # noqa: E402
 
 BOUND_PARTS = ("gdn", "attention", "moe", "lm_head_accept", "other")
-POLICIES = ("knows c", "knows c + confidences", "clairvoyant")
+POLICIES = ("calibrated", "knows c", "knows c + confidences", "clairvoyant")
+MODEL_SEED = 12345  # the "calibrated" policy's fit draws its own rounds, the same for every figure
 ROUND_PARTS = ("gdn", "attention", "moe", "lm_head_accept", "drafter", "stage0")
 
 
@@ -81,8 +94,27 @@ def interpolated(bound: dict[int, float], w: int) -> float:
     return bound[lo] if lo == hi else bound[lo] + (bound[hi] - bound[lo]) * (w - lo) / (hi - lo)
 
 
+@dataclass(frozen=True)
+class Cost:
+    """A round's price. `full` {w: ms}: every row verifies w. With `moe_rows`, a round in which fewer
+    rows count (a finished row counts one, a row near its limit its budget, as the MoE op masks them)
+    pays `base` {w: ms} (every part but the MoE blocks) plus the MoE blocks at its counted rows,
+    linear between the `moe_rows` (rows, ms) points; otherwise it pays `full` whoever counts."""
+
+    full: dict[int, float]
+    base: dict[int, float] | None = None
+    moe_rows: tuple[tuple[int, float], ...] | None = None
+
+    def at(self, w: int, counted: int) -> float:
+        if self.moe_rows is None:
+            return float(np.interp(w, sorted(self.full), [self.full[k] for k in sorted(self.full)]))
+        rows, ms = zip(*self.moe_rows)
+        return (float(np.interp(w, sorted(self.base), [self.base[k] for k in sorted(self.base)]))
+                + float(np.interp(counted, rows, ms)))
+
+
 def costs(bench: dict, calibration: dict, split: dict,
-          interpolate: bool = False) -> tuple[dict[str, tuple[float, dict[int, float]]], list[int]]:
+          interpolate: bool = False) -> tuple[dict[str, tuple[float, Cost]], list[int]]:
     """{model: (AR ms per step, {w: round ms})} for the calibration, split and bytes-bound models,
     and the lengths the split lacked (interpolated)."""
     B = bench["batch_size"]
@@ -101,42 +133,90 @@ def costs(bench: dict, calibration: dict, split: dict,
     drafter = {w: bound[str(w)]["drafter"] for w in have}
     timed = {w: sum(split["split"][str(w)][k] for k in ROUND_PARTS) for w in have}
     ar_ms = B / ar["tokens_per_s"] * 1e3
-    return {"calibration": (ar_ms, dict(zip(entry["lengths"], entry["cost"]))),
-            "split": (ar_ms, {w: interpolated(timed, w) for w in entry["lengths"]}),
-            "bytes bound": (at[1], {w: interpolated(at, w) + interpolated(drafter, w) for w in entry["lengths"]})}, missing
+
+    def priced(total: dict[int, float], moe: dict[int, float]) -> Cost:
+        base = {w: interpolated(total, w) - interpolated(moe, w) for w in entry["lengths"]}
+        return Cost({w: interpolated(total, w) for w in entry["lengths"]}, base,
+                    tuple((B * w, moe[w]) for w in have))
+
+    rounds_bound = {w: at[w] + drafter[w] for w in have}
+    return {"calibration": (ar_ms, Cost(dict(zip(entry["lengths"], entry["cost"])))),
+            "split": (ar_ms, priced(timed, {w: split["split"][str(w)]["moe"] for w in have})),
+            "bytes bound": (at[1], priced(rounds_bound, {w: bound[str(w)]["moe"] for w in have}))}, missing
 
 
-def accepted_lengths(rng, B: int, D: int, beta: tuple[float, float] = (BETA_A, BETA_B)) -> tuple[np.ndarray, ...]:
-    """One round of the replay model: every row's c `[B]`, its leading right drafts `[B]`, and each
-    draft's probability of being right given c and its confidence `[B, D]`. The replay drafter's
-    confidence is sigmoid(logit(c) + s (2 x - 1) + e), e ~ N(0, 1), s = `CONFIDENCE_SHIFT`, so
-    u = logit(confidence) - logit(c) has likelihood ratio exp(2 s u) between right and wrong."""
+class Draws(NamedTuple):
+    """One round of the replay model for B rows of D drafts."""
+
+    c: np.ndarray  # [B] each row's acceptance rate
+    leading: np.ndarray  # [B] leading right drafts
+    posterior: np.ndarray  # [B, D] P(draft right | c, its confidence)
+    confidence: np.ndarray  # [B, D] the replay drafter's top-1 probability
+    entropy: np.ndarray  # [B, D] nats, as the replay drafter spreads the rest over OTHER_TOKENS
+
+
+def accepted_lengths(rng, B: int, D: int, beta: tuple[float, float] = (BETA_A, BETA_B)) -> Draws:
+    """One round of the replay model (`hybridspec.sim.replay.replay_round`'s draws, in numpy). The
+    replay drafter's confidence is sigmoid(logit(c) + s (2 x - 1) + e), e ~ N(0, 1), s =
+    `CONFIDENCE_SHIFT`, so u = logit(confidence) - logit(c) has likelihood ratio exp(2 s u) between
+    right and wrong: `posterior` is exact given c and the confidence."""
     c = rng.beta(*beta, B)
     right = rng.random((B, D)) < c[:, None]
     u = CONFIDENCE_SHIFT * (2 * right - 1) + rng.standard_normal((B, D))
-    logit = np.log(c / (1 - c))[:, None] + 2 * CONFIDENCE_SHIFT * u
-    posterior = 0.5 * (1 + np.tanh(logit / 2))  # sigmoid, without overflow
-    return c, np.where(right.all(1), D, right.argmin(1)), posterior
+    prior = np.log(c / (1 - c))[:, None]
+    sigmoid = lambda z: 0.5 * (1 + np.tanh(z / 2))  # without overflow
+    confidence = sigmoid(prior + u)
+    rest = (1 - confidence) / OTHER_TOKENS
+    entropy = -xlogx(confidence) - OTHER_TOKENS * xlogx(rest)
+    return Draws(c, np.where(right.all(1), D, right.argmin(1)), sigmoid(prior + 2 * CONFIDENCE_SHIFT * u),
+                 confidence, entropy)
+
+
+def xlogx(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x * np.log(np.maximum(x, 1e-300)), 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def fit_policy_model(D: int, beta: tuple[float, float], rows: int = 4000):
+    """The acceptance model `hybridspec calibrate` would fit on `rows` rounds of the replay drafter
+    at w = D + 1 (`hybridspec.calibration.acceptance.fit_acceptance`), for the "calibrated" policy;
+    its own draws (`MODEL_SEED`), fitted once per process."""
+    from hybridspec.calibration.acceptance import fit_acceptance
+
+    draws = accepted_lengths(np.random.default_rng(MODEL_SEED), rows, D, beta)
+    return fit_acceptance(draws.confidence, draws.entropy, draws.leading)
+
+
+def expected_emitted(prefix: np.ndarray) -> np.ndarray:
+    """`[B, D]` P(drafts 1..i all right) -> `[B, D + 1]`: column w - 1 the expected tokens at w."""
+    return np.concatenate([np.ones((prefix.shape[0], 1)), 1 + np.cumsum(prefix, 1)], 1)
 
 
 def simulate(rng, cost: dict[int, float], policy: str, rho: float, B: int, budget: int | None, rounds: int,
              D: int = 15, beta: tuple[float, float] = (BETA_A, BETA_B)) -> float:
     """Tokens per ms over the batch. `budget` None: the steady state, `rounds` rounds; else repeat
     the bench's batch (each row `budget` tokens) until `rounds` rounds have run."""
-    ws = np.array(sorted(cost))
-    cs = np.array([cost[w] for w in ws])
+    cost = cost if isinstance(cost, Cost) else Cost(cost)
+    ws = np.array(sorted(cost.full))
+    cs = np.array([cost.full[w] for w in ws])
+    model = fit_policy_model(D, tuple(beta)) if policy == "calibrated" else None
     tokens = ms = n = 0
     while n < rounds:
         left = np.full(B, budget if budget is not None else np.iinfo(np.int64).max // 2)
         while left.max() > 0 and n < rounds:
-            c, a, posterior = accepted_lengths(rng, B, D, beta)
+            draws = accepted_lengths(rng, B, D, beta)
+            c, a = draws.c, draws.leading
             live = left > 0
             if policy == "knows c":
                 gain = np.array([np.minimum((1 - c ** w) / (1 - c), left)[live].sum() for w in ws])
                 w = ws[np.argmax(gain - rho * cs)]
-            elif policy == "knows c + confidences":
-                # expected emitted at w: 1 + sum_{i < w - 1} P(drafts 1..i+1 all right)
-                expected = np.concatenate([np.ones((B, 1)), 1 + np.cumsum(np.cumprod(posterior, 1), 1)], 1)
+            elif policy in ("knows c + confidences", "calibrated"):
+                if policy == "calibrated":
+                    conditional = model.predict(torch.from_numpy(draws.confidence), torch.from_numpy(draws.entropy))
+                    prefix = np.cumprod(conditional.double().numpy(), 1)
+                else:
+                    prefix = np.cumprod(draws.posterior, 1)
+                expected = expected_emitted(prefix)
                 gain = np.array([np.minimum(expected[:, w - 1], left)[live].sum() for w in ws])
                 w = ws[np.argmax(gain - rho * cs)]
             elif policy == "clairvoyant":
@@ -144,16 +224,30 @@ def simulate(rng, cost: dict[int, float], policy: str, rho: float, B: int, budge
                 w = ws[np.argmax(gain - rho * cs)]
             else:
                 w = int(policy)
+            # as the batched policies do: a length past every live row's budget verifies the
+            # largest budget instead (priced on the curve, at its shortest length below it)
+            w = min(w, int(left[live].max()))
+            counted = int(np.where(live, np.minimum(w, left), 1).sum())
             emit = np.where(live, np.minimum(np.minimum(a + 1, w), left), 0)
             left = left - emit
-            tokens, ms, n = tokens + emit.sum(), ms + cost[w], n + 1
+            tokens, ms, n = tokens + emit.sum(), ms + cost.at(w, counted), n + 1
     return tokens / ms
 
 
-def best(rng, cost, policy, B, budget, rounds, beta=(BETA_A, BETA_B)) -> float:
-    """The policy's throughput at its best trade-off rho (a grid around the fixed lengths' best)."""
-    top = max(simulate(rng, cost, str(w), 0.0, B, budget, rounds // 4, beta=beta) for w in cost)
-    return max(simulate(rng, cost, policy, rho, B, budget, rounds, beta=beta) for rho in top * np.linspace(0.6, 1.6, 11))
+def best(rng, cost, policy, B, budget, rounds, beta=(BETA_A, BETA_B)) -> tuple[float, float, bool]:
+    """The policy's throughput at its best trade-off rho, the rho, and whether it lay on the edge of
+    the grid (then the figure may be low). The grid spans the best fixed length's throughput x
+    0.5..2.5; each rho is tried on the same draws (a quarter of `rounds`), so the choice compares
+    policies, not noise, and the chosen one is then run on fresh draws."""
+    lengths = cost.full if isinstance(cost, Cost) else cost
+    top = max(simulate(rng, cost, str(w), 0.0, B, budget, rounds // 4, beta=beta) for w in lengths)
+    grid = top * np.linspace(0.5, 2.5, 21)
+    seed = int(rng.integers(2**63))
+    tried = [simulate(np.random.default_rng(seed), cost, policy, rho, B, budget, max(rounds // 4, 1), beta=beta)
+             for rho in grid]
+    pick = int(np.argmax(tried))
+    rho = float(grid[pick])
+    return simulate(rng, cost, policy, rho, B, budget, rounds, beta=beta), rho, pick in (0, len(grid) - 1)
 
 
 def main() -> None:
@@ -179,13 +273,14 @@ def main() -> None:
     bench = json.loads(bench_path.read_text())
     calibration = json.loads(Path(args.calibration or bench_path.parent / "calibration.json").read_text())
     split = json.loads(Path(args.split).read_text())["batch_split"]
-    B, budget = bench["batch_size"], bench["max_new_tokens"]
+    # the prefill emits each row's first token; the bench's tokens/s counts the decode tokens after it
+    B, budget = bench["batch_size"], bench["max_new_tokens"] - 1
     if split["batch_size"] != B:
         raise SystemExit(f"the split is at a batch of {split['batch_size']}, the bench at {B}")
     rng = np.random.default_rng(args.seed)
     measured = {r["method"]: r["speedup_vs_ar"] for r in bench["rows"]}
     acceptance = acceptance_label(args.beta)
-    print(f"acceptance: {acceptance}; batch {B}, {budget} new tokens per row; {args.rounds} rounds per figure")
+    print(f"acceptance: {acceptance}; batch {B}, {budget} decoded tokens per row; {args.rounds} rounds per figure")
     print(f"bench measured vs AR: " + ", ".join(f"{k} {v:.3f}" for k, v in measured.items() if k != "AR (ours)"))
     table = []
     models, interpolated_at = costs(bench, calibration, split, args.interpolate)
@@ -193,20 +288,32 @@ def main() -> None:
         print(f"split and bytes bound at w = {interpolated_at} interpolated between the split's lengths (priced low)")
     for model, (ar_ms, cost) in models.items():
         ar = B / ar_ms
-        print(f"\n{model}: AR {ar_ms:.3f} ms a step; round ms " + " ".join(f"{w}:{c:.2f}" for w, c in cost.items()))
+        print(f"\n{model}: AR {ar_ms:.3f} ms a step; round ms " + " ".join(f"{w}:{c:.2f}" for w, c in cost.full.items())
+              + ("; a round with fewer rows counted pays its MoE blocks at those rows" if cost.moe_rows else
+                 "; every round at full price"))
         print(f"{'policy':>12} | bench regime vs AR | steady state vs AR")
-        for policy in [*(str(w) for w in cost), *POLICIES]:
-            runs = [simulate(rng, cost, policy, 0.0, B, budget, args.rounds, beta=args.beta) if policy[0].isdigit()
-                    else best(rng, cost, policy, B, budget, args.rounds, args.beta) for budget in (budget, None)]
+        for policy in [*(str(w) for w in cost.full), *POLICIES]:
+            runs, edges = [], []
+            for left in (budget, None):
+                if policy[0].isdigit():
+                    runs.append(simulate(rng, cost, policy, 0.0, B, left, args.rounds, beta=args.beta))
+                else:
+                    figure, _, edge = best(rng, cost, policy, B, left, args.rounds, args.beta)
+                    runs.append(figure)
+                    edges.append(edge)
+            if any(edges):
+                print(f"  ({model}, {policy}: the best rho lay on the grid's edge; the figure may be low)")
             row = dict(cost_model=model, policy=policy if not policy[0].isdigit() else f"fixed w={policy}",
                        bench_regime=runs[0] / ar, steady_state=runs[1] / ar)
             table.append(row)
             print(f"{row['policy']:>12} | {row['bench_regime']:18.3f} | {row['steady_state']:18.3f}")
     if args.out:
         Path(args.out).write_text(json.dumps(dict(acceptance=acceptance, simulated=True, beta=list(args.beta), batch_size=B,
-                                                  max_new_tokens=budget, rounds=args.rounds, seed=args.seed,
+                                                  max_new_tokens=budget + 1, decoded_tokens_per_row=budget, rounds=args.rounds, seed=args.seed,
                                                   bound_interpolated_at=interpolated_at,
-                                                  costs={m: dict(ar_ms=a, round_ms=c) for m, (a, c) in models.items()},
+                                                  costs={m: dict(ar_ms=a, round_ms=c.full, base_ms=c.base,
+                                                                 moe_ms_at_rows=c.moe_rows)
+                                                         for m, (a, c) in models.items()},
                                                   bench_measured_vs_ar=measured, rows=table), indent=1))
 
 

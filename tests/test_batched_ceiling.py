@@ -32,6 +32,15 @@ def test_steady_state_fixed_length_emits_the_closed_form():
         assert got / 4 == pytest.approx(expected_emitted(w), rel=0.02)
 
 
+def test_a_length_past_every_budget_verifies_the_largest_budget():
+    # one row with 3 tokens left: w = 16 runs as w = 3, priced on the curve between 2 and 4
+    rng = np.random.default_rng(5)
+    cost = {2: 2.0, 4: 4.0, 16: 100.0}
+    got = [ceiling.simulate(rng, cost, "16", 0.0, B=1, budget=3, rounds=1) for _ in range(200)]
+    # emitted 1..3 tokens in 3 ms: never the 100 ms of a full w = 16 round
+    assert min(got) >= 1 / 3 - 1e-9 and max(got) <= 1.0 + 1e-9
+
+
 def test_the_bench_regime_never_emits_past_a_budget():
     # rows of 10 tokens: one round of w = 16 (1 ms) emits at most the two budgets; w = 1 emits one
     # token per live row per round, and every row lives for exactly its budget's rounds
@@ -46,9 +55,10 @@ def test_clairvoyant_is_at_least_the_best_fixed_length():
     cost = {2: 3.0, 4: 3.5, 8: 4.5, 16: 6.5}
     rng = np.random.default_rng(2)
     fixed = max(ceiling.simulate(rng, cost, str(w), 0.0, 4, None, 4000) for w in cost)
-    clair = ceiling.best(rng, cost, "clairvoyant", 4, None, 4000)
-    knows = ceiling.best(rng, cost, "knows c", 4, None, 4000)
-    confident = ceiling.best(rng, cost, "knows c + confidences", 4, None, 4000)
+    clair, _, _ = ceiling.best(rng, cost, "clairvoyant", 4, None, 4000)
+    knows, _, _ = ceiling.best(rng, cost, "knows c", 4, None, 4000)
+    confident, rho, edge = ceiling.best(rng, cost, "knows c + confidences", 4, None, 4000)
+    assert not edge and rho > 0
     assert clair >= fixed * 0.99 and clair >= knows * 0.99
     # the confidences say more than c alone, less than the outcomes
     assert knows * 0.99 <= confident <= clair * 1.01
@@ -89,12 +99,12 @@ def test_costs_reads_both_models(tmp_path):
     models, interpolated = ceiling.costs(bench, calibration, split["batch_split"])
     assert interpolated == []
     ar_ms, measured = models["calibration"]
-    assert ar_ms == pytest.approx(4 / 800.0 * 1e3) and measured[8] == 12.0
+    assert ar_ms == pytest.approx(4 / 800.0 * 1e3) and measured.full[8] == 12.0
     assert models["split"][0] == ar_ms
-    assert models["split"][1][4] == pytest.approx(1.0 + 0.2 + 6.0 + 0.3 + 0.8 + 0.1)  # stage0 as the round runs it
+    assert models["split"][1].full[4] == pytest.approx(1.0 + 0.2 + 6.0 + 0.3 + 0.8 + 0.1)  # stage0 as the round runs it
     ar_bound, rounds = models["bytes bound"]
     assert ar_bound == pytest.approx(0.5 + 0.1 + 1.5 + 0.2)  # w = 1, no drafter
-    assert rounds[16] == pytest.approx(0.5 + 0.1 + 9.0 + 0.2 + 0.4)
+    assert rounds.full[16] == pytest.approx(0.5 + 0.1 + 9.0 + 0.2 + 0.4)
 
 
 def test_a_split_without_the_policy_lengths_names_the_command_or_interpolates(tmp_path):
@@ -104,8 +114,8 @@ def test_a_split_without_the_policy_lengths_names_the_command_or_interpolates(tm
     models, interpolated = ceiling.costs(bench, calibration, split["batch_split"], interpolate=True)
     assert interpolated == [2, 12]
     # moe is linear in w here, so the chord is exact
-    assert models["bytes bound"][1][12] == pytest.approx(0.5 + 0.1 + 7.0 + 0.2 + 0.4)
-    assert models["split"][1][2] == pytest.approx(1.0 + 0.2 + 4.0 + 0.3 + 0.8 + 0.1)
+    assert models["bytes bound"][1].full[12] == pytest.approx(0.5 + 0.1 + 7.0 + 0.2 + 0.4)
+    assert models["split"][1].full[2] == pytest.approx(1.0 + 0.2 + 4.0 + 0.3 + 0.8 + 0.1)
     bench_files(tmp_path, bound_at=(4, 8, 16))
     split = json.loads((tmp_path / "split.json").read_text())
     with pytest.raises(SystemExit, match=r"no bound at w = \[1, 2, 12\]"):
@@ -121,9 +131,10 @@ def test_main_writes_a_table_labelled_simulated(tmp_path, monkeypatch, capsys):
     assert "acceptance: simulated" in capsys.readouterr().out
     got = json.loads(out.read_text())
     assert got["simulated"] is True and got["acceptance"].startswith("simulated")
+    assert got["decoded_tokens_per_row"] == 31  # the bench's first token comes from the prefill
     policies = {(r["cost_model"], r["policy"]) for r in got["rows"]}
     assert ("bytes bound", "clairvoyant") in policies and ("split", "fixed w=16") in policies
-    assert ("split", "knows c + confidences") in policies
+    assert ("split", "knows c + confidences") in policies and ("split", "calibrated") in policies
     assert all(np.isfinite(r["bench_regime"]) and r["bench_regime"] > 0 for r in got["rows"])
 
 
@@ -147,3 +158,22 @@ def test_another_beta_is_labelled_a_what_if(tmp_path, monkeypatch):
     ceiling.main()
     got = json.loads(out.read_text())
     assert got["beta"] == [9.0, 1.0] and "what-if" in got["acceptance"]
+
+
+def test_a_round_with_fewer_rows_counted_pays_its_moe_at_those_rows(tmp_path):
+    bench, calibration, split = bench_files(tmp_path)
+    models, _ = ceiling.costs(bench, calibration, split["batch_split"])
+    cost = models["split"][1]
+    # every row counts w: the full price; one live row of 4 at w = 8 counts 8 + 3 rows
+    assert cost.at(8, 32) == pytest.approx(cost.full[8])
+    moe_at = lambda rows: 2.0 + rows / 4  # the split's moe part, 2 + w at 4 w rows
+    assert cost.at(8, 11) == pytest.approx(cost.full[8] - moe_at(32) + moe_at(11))
+    assert models["calibration"][1].at(8, 11) == 12.0  # no parts: full price
+    # the steady state never idles a row, so both pricings agree there
+    a = ceiling.simulate(np.random.default_rng(7), cost, "8", 0.0, 4, None, 500)
+    b = ceiling.simulate(np.random.default_rng(7), ceiling.Cost(cost.full), "8", 0.0, 4, None, 500)
+    assert a == pytest.approx(b)
+    # the bench's tail is cheaper with the rows priced
+    a = ceiling.simulate(np.random.default_rng(8), cost, "16", 0.0, 4, 40, 2000)
+    b = ceiling.simulate(np.random.default_rng(8), ceiling.Cost(cost.full), "16", 0.0, 4, 40, 2000)
+    assert a > b

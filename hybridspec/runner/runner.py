@@ -232,10 +232,13 @@ class Runner:
         if all(done):
             return out, stats
         started = last_read = time.perf_counter()
-        if self._started is not None:
-            self._started.record()
         self.io.budget.fill_(stop.max_length - prompt_length - 1)
         self._retire(done)
+        if self._started is not None:
+            # after the budget writes: the device is idle here (the host has just read the first
+            # tokens), so anything enqueued between this event and the first replay counts in the
+            # first round's time
+            self._started.record()
         pending: deque[int] = deque()
         launched = 0
         while True:
