@@ -192,43 +192,46 @@ def expected_emitted(prefix: np.ndarray) -> np.ndarray:
     return np.concatenate([np.ones((prefix.shape[0], 1)), 1 + np.cumsum(prefix, 1)], 1)
 
 
-def simulate(rng, cost: dict[int, float], policy: str, rho: float, B: int, budget: int | None, rounds: int,
+def simulate(rng, cost: Cost | dict[int, float], policy: str, rho: float, B: int, budget: int | None, rounds: int,
              D: int = 15, beta: tuple[float, float] = (BETA_A, BETA_B)) -> float:
     """Tokens per ms over the batch. `budget` None: the steady state, `rounds` rounds; else repeat
-    the bench's batch (each row `budget` tokens) until `rounds` rounds have run."""
+    the bench's batch (each row `budget` tokens) until `rounds` rounds have run. Every round's draws
+    are taken up front (they do not depend on the choices), so the models run once per call."""
     cost = cost if isinstance(cost, Cost) else Cost(cost)
     ws = np.array(sorted(cost.full))
     cs = np.array([cost.full[w] for w in ws])
-    model = fit_policy_model(D, tuple(beta)) if policy == "calibrated" else None
+    flat = accepted_lengths(rng, rounds * B, D, beta)
+    leading = flat.leading.reshape(rounds, B)
+    if policy == "knows c":
+        c = flat.c[:, None]
+        expected = (1 - c ** np.arange(1, D + 2)) / (1 - c)  # [rows, D + 1]: column w - 1 at w
+    elif policy == "knows c + confidences":
+        expected = expected_emitted(np.cumprod(flat.posterior, 1))
+    elif policy == "calibrated":
+        model = fit_policy_model(D, tuple(beta))
+        conditional = model.predict(torch.from_numpy(flat.confidence), torch.from_numpy(flat.entropy))
+        expected = expected_emitted(np.cumprod(conditional.double().numpy(), 1))
+    elif policy == "clairvoyant":
+        expected = np.minimum(flat.leading[:, None] + 1, np.arange(1, D + 2))
+    else:
+        expected = None
+    if expected is not None:
+        expected = expected.reshape(rounds, B, D + 1)[:, :, ws - 1]  # [rounds, B, lengths]
     tokens = ms = n = 0
     while n < rounds:
         left = np.full(B, budget if budget is not None else np.iinfo(np.int64).max // 2)
         while left.max() > 0 and n < rounds:
-            draws = accepted_lengths(rng, B, D, beta)
-            c, a = draws.c, draws.leading
             live = left > 0
-            if policy == "knows c":
-                gain = np.array([np.minimum((1 - c ** w) / (1 - c), left)[live].sum() for w in ws])
-                w = ws[np.argmax(gain - rho * cs)]
-            elif policy in ("knows c + confidences", "calibrated"):
-                if policy == "calibrated":
-                    conditional = model.predict(torch.from_numpy(draws.confidence), torch.from_numpy(draws.entropy))
-                    prefix = np.cumprod(conditional.double().numpy(), 1)
-                else:
-                    prefix = np.cumprod(draws.posterior, 1)
-                expected = expected_emitted(prefix)
-                gain = np.array([np.minimum(expected[:, w - 1], left)[live].sum() for w in ws])
-                w = ws[np.argmax(gain - rho * cs)]
-            elif policy == "clairvoyant":
-                gain = np.array([np.minimum(np.minimum(a + 1, w), left)[live].sum() for w in ws])
-                w = ws[np.argmax(gain - rho * cs)]
-            else:
+            if expected is None:
                 w = int(policy)
+            else:
+                gain = np.minimum(expected[n], left[:, None])[live].sum(0)
+                w = int(ws[np.argmax(gain - rho * cs)])
             # as the batched policies do: a length past every live row's budget verifies the
             # largest budget instead (priced on the curve, at its shortest length below it)
             w = min(w, int(left[live].max()))
             counted = int(np.where(live, np.minimum(w, left), 1).sum())
-            emit = np.where(live, np.minimum(np.minimum(a + 1, w), left), 0)
+            emit = np.where(live, np.minimum(np.minimum(leading[n] + 1, w), left), 0)
             left = left - emit
             tokens, ms, n = tokens + emit.sum(), ms + cost.at(w, counted), n + 1
     return tokens / ms
