@@ -177,3 +177,16 @@ def test_a_round_with_fewer_rows_counted_pays_its_moe_at_those_rows(tmp_path):
     a = ceiling.simulate(np.random.default_rng(8), cost, "16", 0.0, 4, 40, 2000)
     b = ceiling.simulate(np.random.default_rng(8), ceiling.Cost(cost.full), "16", 0.0, 4, 40, 2000)
     assert a > b
+
+
+def test_the_fitted_overhead_matches_the_measured_ratio(tmp_path):
+    bench, calibration, split = bench_files(tmp_path)
+    models, _ = ceiling.costs(bench, calibration, split["batch_split"])
+    ar_ms, cost = models["split"]
+    free = ceiling.simulate(np.random.default_rng(9), cost, "16", 0.0, 4, 31, 2000) * ar_ms / 4
+    extra = ceiling.fit_overhead(cost, free * 0.8, ar_ms, 4, 31, 2000, seed=9)
+    assert extra > 0
+    slowed = ceiling.replace(cost, overhead_ms=extra)
+    assert ceiling.simulate(np.random.default_rng(9), slowed, "16", 0.0, 4, 31, 2000) * ar_ms / 4 == pytest.approx(free * 0.8, rel=1e-3)
+    # a ratio the parts already fall short of needs no overhead
+    assert ceiling.fit_overhead(cost, free * 1.2, ar_ms, 4, 31, 2000, seed=9) == 0.0
