@@ -5,7 +5,7 @@ Not a timing run: it reads two that were (a `hybridspec bench --batch-size B` ou
 them with the replay drafter's acceptance model (`hybridspec.sim.replay`: per round and row
 c ~ Beta(5, 2), draft i right with probability c). Acceptance in every figure here is simulated.
 
-Three cost models, the AR step in the first two being the bench's own (its AR row):
+Four cost models, the AR step in the first three being the bench's own (its AR row):
 - calibration: a round at w from the bench's batched calibration (`hybridspec calibrate
   --batch-sizes`; before 2026-12-05 it timed partial rounds too, which underprices long ones);
 - split: a round at w the sum of the split's measured parts (GDN, attention, MoE, LM head + accept,
@@ -13,6 +13,9 @@ Three cost models, the AR step in the first two being the bench's own (its AR ro
   and the host's work are left out; the GDN and MoE parts time Layer 0 in full, which the round's
   second stage skips after Stage 0, so a round is overpriced by up to Stage 0's time, 0.07 ms at
   B = 4, against speculation);
+- split + overhead: the split plus one per-round overhead (the gaps between parts and the host's
+  work), fitted so that fixed w = 16 simulates at the bench's measured vanilla DFlash ratio under
+  the replay model (`fit_overhead`), whatever `--beta` says;
 - bytes bound: every part of the split at its bytes bound (`component_bytes`: each weight once, each
   expert of the batch's union once), the AR step being the split at w = 1 without the drafter. Any
   common factor over the bound leaves the ratios unchanged, so this is also the ceiling for kernels
@@ -23,10 +26,12 @@ Policies, each over the length set of the batched policy:
 - calibrated: the batched HybridSpec policy's choice (`policy.BatchPolicy`, without the routing
   correction and at its best rho): the acceptance model `hybridspec calibrate` fits
   (`fit_acceptance`, on 4,000 replay rounds) predicts each draft from its confidence and entropy;
-- knows c: each round picks w from every row's true c (more than a policy can know);
+- knows c: each round picks w from every row's true c (which no policy sees);
 - knows c + confidences: from every row's c and each draft's confidence, as the replay drafter
-  draws it (which depends on whether the draft is right): the Bayes-optimal choice from
-  everything a policy could know before verifying, so the ceiling of any length policy;
+  draws it (which depends on whether the draft is right), scored at the price the round will pay:
+  per round the Bayes-optimal choice from everything a policy could know before verifying. In the
+  steady state (rounds i.i.d.) that bounds any length policy over the length set; over the bench's
+  finite batch a policy that also weighs the rows' remaining budgets can do slightly better;
 - clairvoyant: each round picks w from how many drafts of every row are right (more than can be
   known before verifying; the length set and the one shared w remain).
 
