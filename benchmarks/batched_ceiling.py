@@ -63,11 +63,11 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
-
-from hybridspec.sim.replay import BETA_A, BETA_B, CONFIDENCE_SHIFT, OTHER_TOKENS  # noqa: E402
+from hybridspec.policy import expected_tokens  # noqa: E402
+from hybridspec.sim.replay import BETA_A, BETA_B, CONFIDENCE_SHIFT, confidence_entropy  # noqa: E402
 
 BOUND_PARTS = ("gdn", "attention", "moe", "lm_head_accept", "other")
 POLICIES = ("calibrated", "knows c", "knows c + confidences", "clairvoyant")
@@ -93,10 +93,10 @@ def beta_arg(text: str) -> tuple[float, float]:
     return a, b
 
 
-def interpolated(bound: dict[int, float], w: int) -> float:
-    """`bound` at w, linearly between the nearest measured lengths (w inside their range)."""
-    lo, hi = max(k for k in bound if k <= w), min(k for k in bound if k >= w)
-    return bound[lo] if lo == hi else bound[lo] + (bound[hi] - bound[lo]) * (w - lo) / (hi - lo)
+def on_curve(curve: dict[int, float], w: float) -> float:
+    """`curve` {w: ms} at w, linearly between its nearest lengths (clamped outside them)."""
+    ws = sorted(curve)
+    return float(np.interp(w, ws, [curve[k] for k in ws]))
 
 
 @dataclass(frozen=True)
@@ -114,16 +114,14 @@ class Cost:
 
     def at(self, w: int, counted: int) -> float:
         if self.moe_rows is None:
-            return self.overhead_ms + float(np.interp(w, sorted(self.full), [self.full[k] for k in sorted(self.full)]))
-        rows, ms = zip(*self.moe_rows)
-        return (self.overhead_ms + float(np.interp(w, sorted(self.base), [self.base[k] for k in sorted(self.base)]))
-                + float(np.interp(counted, rows, ms)))
+            return self.overhead_ms + on_curve(self.full, w)
+        return self.overhead_ms + on_curve(self.base, w) + on_curve(dict(self.moe_rows), counted)
 
 
 def costs(bench: dict, calibration: dict, split: dict,
           interpolate: bool = False) -> tuple[dict[str, tuple[float, Cost]], list[int]]:
-    """{model: (AR ms per step, {w: round ms})} for the calibration, split and bytes-bound models,
-    and the lengths the split lacked (interpolated)."""
+    """{model: (AR ms per step, its `Cost`)} for the calibration, split and bytes-bound models, and
+    the lengths the split lacked (interpolated)."""
     B = bench["batch_size"]
     ar = next(r for r in bench["rows"] if r["method"] == "AR (ours)")
     entry = next((e for e in calibration["batches"] if e["batch_size"] == B), None)
@@ -142,8 +140,8 @@ def costs(bench: dict, calibration: dict, split: dict,
     ar_ms = B / ar["tokens_per_s"] * 1e3
 
     def priced(total: dict[int, float], moe: dict[int, float]) -> Cost:
-        base = {w: interpolated(total, w) - interpolated(moe, w) for w in entry["lengths"]}
-        return Cost({w: interpolated(total, w) for w in entry["lengths"]}, base,
+        base = {w: on_curve(total, w) - on_curve(moe, w) for w in entry["lengths"]}
+        return Cost({w: on_curve(total, w) for w in entry["lengths"]}, base,
                     tuple((B * w, moe[w]) for w in have))
 
     rounds_bound = {w: at[w] + drafter[w] for w in have}
@@ -173,14 +171,9 @@ def accepted_lengths(rng, B: int, D: int, beta: tuple[float, float] = (BETA_A, B
     prior = np.log(c / (1 - c))[:, None]
     sigmoid = lambda z: 0.5 * (1 + np.tanh(z / 2))  # without overflow
     confidence = sigmoid(prior + u)
-    rest = (1 - confidence) / OTHER_TOKENS
-    entropy = -xlogx(confidence) - OTHER_TOKENS * xlogx(rest)
+    entropy = confidence_entropy(torch.from_numpy(confidence)).numpy()
     return Draws(c, np.where(right.all(1), D, right.argmin(1)), sigmoid(prior + 2 * CONFIDENCE_SHIFT * u),
                  confidence, entropy)
-
-
-def xlogx(x: np.ndarray) -> np.ndarray:
-    return np.where(x > 0, x * np.log(np.maximum(x, 1e-300)), 0.0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -195,8 +188,9 @@ def fit_policy_model(D: int, beta: tuple[float, float], rows: int = 4000):
 
 
 def expected_emitted(prefix: np.ndarray) -> np.ndarray:
-    """`[B, D]` P(drafts 1..i all right) -> `[B, D + 1]`: column w - 1 the expected tokens at w."""
-    return np.concatenate([np.ones((prefix.shape[0], 1)), 1 + np.cumsum(prefix, 1)], 1)
+    """`[rows, D]` P(drafts 1..i all right) -> `[rows, D + 1]`: column w - 1 the expected tokens at
+    w (`hybridspec.policy.expected_tokens`, as the policy computes them)."""
+    return expected_tokens(torch.from_numpy(prefix)).numpy()
 
 
 def simulate(rng, cost: Cost | dict[int, float], policy: str, rho: float, B: int, budget: int | None, rounds: int,

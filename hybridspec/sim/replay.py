@@ -51,8 +51,13 @@ def replay_round(generator: torch.Generator | None, truth: torch.Tensor, known: 
     shift = torch.randint(1, vocab_size, (B, D), **at)
     tokens = torch.where(correct, truth, (truth + shift) % vocab_size)
     confidence = torch.sigmoid(torch.logit(c) + CONFIDENCE_SHIFT * (2 * correct.float() - 1) + noise)
-    entropy = torch.special.entr(confidence) + OTHER_TOKENS * torch.special.entr((1 - confidence) / OTHER_TOKENS)
-    return ReplayRound(tokens, confidence, entropy, correct)
+    return ReplayRound(tokens, confidence, confidence_entropy(confidence), correct)
+
+
+def confidence_entropy(confidence: torch.Tensor) -> torch.Tensor:
+    """The replay drafter's entropy (nats) of a top-1 `confidence`: the rest spread evenly over
+    `OTHER_TOKENS` other tokens."""
+    return torch.special.entr(confidence) + OTHER_TOKENS * torch.special.entr((1 - confidence) / OTHER_TOKENS)
 
 
 def replay_fingerprint_config(plain: dict) -> dict:
