@@ -752,6 +752,9 @@ def main() -> None:
     parser.add_argument("--ar-moe", default="",
                         help="after the AR row (and any --ar-linear variants), the AR step under each of these "
                              "';'-separated MoEKernelConfig variants, e.g. 'gate_up_block_i=32;down_block_h=32'")
+    parser.add_argument("--ar-gdn", default="",
+                        help="after the AR row (and any --ar-linear and --ar-moe variants), the AR step under each of "
+                             "these ';'-separated VERIFY_CONFIG variants, e.g. 'prefetch_state=1;BV=64'")
     args = parser.parse_args()
     if args.split_batch and not 2 <= args.split_batch <= 4:
         raise SystemExit(f"--split-batch must be in 2..4 (the batched round's sizes), got {args.split_batch}")
@@ -761,7 +764,8 @@ def main() -> None:
     inductor = inductor_settings(args.inductor)
     linear_cfg = linear_config(args.linear)
     moe_cfg = moe_config(args.moe)
-    variants = config_variants(args.ar_linear, "linear") + config_variants(args.ar_moe, "moe")
+    variants = (config_variants(args.ar_linear, "linear") + config_variants(args.ar_moe, "moe")
+                + config_variants(args.ar_gdn, "gdn"))
     global COMPILE, FUSED_HEAD
     COMPILE = not args.no_compile
     FUSED_HEAD = args.fused_head
