@@ -67,6 +67,10 @@ class LinearKernelConfig:
     # a GDN mixer's gated RMSNorm inside its output projection's partials
     # (`hybridspec.split_projection.split_gated_out_projection`); 0: the norm as its own kernels
     gated_out: int = 1
+    # at most this many rows, the router's split-K GEMM and its top-k run as one launch whose last
+    # program routes (`hybridspec.ops.route_gemm`; it routes the rows one after another, so a
+    # batched round's rows keep `route_topk_partials`, one program a row); 0: always two launches
+    router_fused_rows: int = 1
 
 
 KERNEL_CONFIG = LinearKernelConfig()
@@ -104,6 +108,21 @@ def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element
     return bm, bn, bk, stages
 
 
+def plan(x: torch.Tensor, weight: torch.Tensor, splits: int, group: int = 0) -> tuple[int, int, int, int, int]:
+    """`_tiles` for a call, and the columns of K per split: `(BLOCK_M, BLOCK_N, BLOCK_K, num_stages,
+    span)` (every kernel built on `_partial_product` launches from it)."""
+    M, K = x.shape
+    bm, bn, bk, stages = _tiles(KERNEL_CONFIG, M, weight.shape[0], K, splits, x.element_size(), group)
+    span = K
+    if splits > 1:
+        span = split_span(K, splits)
+        # a K step never crosses a split: the span is a multiple of 16 (and of a gated norm's group,
+        # which the caller checked, so a gated step stays at a group or more)
+        while span % bk:
+            bk //= 2
+    return bm, bn, bk, stages, span
+
+
 def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, gated: tuple | None = None) -> None:
     """`small_linear_kernel` over `splits` splits of K into `out` (`[M, N]` in x's dtype for one
     split, `[splits, M, N]` fp32 partials otherwise). `gated`: `(gate, norm_weight, eps)`, the gated
@@ -116,14 +135,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
     N = weight.shape[0]
     gate, norm_weight, eps = gated if gated is not None else (x, x, 0.0)
     group = norm_weight.shape[0] if gated is not None else 0
-    bm, bn, bk, stages = _tiles(cfg, M, N, K, splits, x.element_size(), group)
-    span = K
-    if splits > 1:
-        span = split_span(K, splits)
-        # a K step never crosses a split: the span is a multiple of 16 (and of a gated norm's group,
-        # which the caller checked, so a gated step stays at a group or more)
-        while span % bk:
-            bk //= 2
+    bm, bn, bk, stages, span = plan(x, weight, splits, group)
     interp16 = TRITON_INTERPRET and x.dtype != torch.float32
     interp_bf16 = TRITON_INTERPRET and x.dtype == torch.bfloat16
     pdl = use_pdl(x)

@@ -52,15 +52,13 @@ def _gated_rmsnorm(x, gate, norm_w, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.cons
 
 
 @triton.jit
-def small_linear_kernel(
-    x_ptr, w_ptr, out_ptr, gate_ptr, norm_w_ptr,
-    M, N, K, k_span,
-    s_xm, s_wn, s_gm, eps,
+def _partial_product(
+    x_ptr, w_ptr, gate_ptr, norm_w_ptr, M, N, K, k_span, s_xm, s_wn, s_gm, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-    NORM_GROUP: tl.constexpr = 0, INTERPRET_BF16_X: tl.constexpr = False,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, NORM_GROUP: tl.constexpr, INTERPRET_BF16_X: tl.constexpr,
 ):
-    pdl_enter(USE_PDL)
+    """This program's fp32 `[BLOCK_M, BLOCK_N]` tile of x @ weight.T over its split of K, with its
+    rows, columns and their masks (the kernels' shared body; `route_gemm_topk_kernel` too)."""
     i_n = tl.program_id(0)
     i_m = tl.program_id(1)
     # this program's split of K: columns [k_lo, k_lo + k_span), a multiple of BLOCK_K wide unless
@@ -91,6 +89,22 @@ def small_linear_kernel(
             x = x.to(tl.float32)
             w = w.to(tl.float32)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    return acc, rows, cols, row_ok, col_ok
+
+
+@triton.jit
+def small_linear_kernel(
+    x_ptr, w_ptr, out_ptr, gate_ptr, norm_w_ptr,
+    M, N, K, k_span,
+    s_xm, s_wn, s_gm, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
+    NORM_GROUP: tl.constexpr = 0, INTERPRET_BF16_X: tl.constexpr = False,
+):
+    pdl_enter(USE_PDL)
+    acc, rows, cols, row_ok, col_ok = _partial_product(
+        x_ptr, w_ptr, gate_ptr, norm_w_ptr, M, N, K, k_span, s_xm, s_wn, s_gm, eps,
+        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST, NORM_GROUP, INTERPRET_BF16_X)
     # the interpreter's fp32 -> bf16 cast truncates; the GPU's rounds to nearest even
     if INTERPRET_BF16:
         acc = _round_bf16(acc)
