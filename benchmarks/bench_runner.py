@@ -754,7 +754,7 @@ def main() -> None:
                              "';'-separated MoEKernelConfig variants, e.g. 'gate_up_block_i=32;down_block_h=32'")
     parser.add_argument("--ar-gdn", default="",
                         help="after the AR row (and any --ar-linear and --ar-moe variants), the AR step under each of "
-                             "these ';'-separated VERIFY_CONFIG variants, e.g. 'prefetch_state=1;BV=64'")
+                             "these ';'-separated VERIFY_CONFIG variants, e.g. 'BV=64;num_warps=8'")
     args = parser.parse_args()
     if args.split_batch and not 2 <= args.split_batch <= 4:
         raise SystemExit(f"--split-batch must be in 2..4 (the batched round's sizes), got {args.split_batch}")

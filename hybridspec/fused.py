@@ -201,25 +201,3 @@ def project(parent: nn.Module, name: str, linears: Sequence[nn.Module], x: torch
         return None
     weight, sizes = rows
     return list(gemm(x, weight).split(sizes, dim=-1)[:-1])
-
-
-# the arrival counter of a sparse MoE block's one-launch router (`hybridspec.ops.route_gemm`): an
-# int32 zero between launches, a non-persistent buffer of the block (it moves with `model.to`)
-ROUTE_COUNTER = PREFIX + "route_counter"
-
-
-def ensure_route_counter(parent: nn.Module, device: torch.device) -> None:
-    """Give `parent` a zeroed route counter on `device` (kept where one is there already)."""
-    counter = parent._buffers.get(ROUTE_COUNTER)
-    if counter is None or counter.device != device:
-        with torch.inference_mode(False):
-            parent.register_buffer(ROUTE_COUNTER, torch.zeros(1, dtype=torch.int32, device=device), persistent=False)
-
-
-def route_counter(parent: nn.Module) -> torch.Tensor | None:
-    """`parent`'s route counter, None where it has none."""
-    return getattr(parent, ROUTE_COUNTER, None)
-
-
-def drop_route_counter(parent: nn.Module) -> None:
-    parent._buffers.pop(ROUTE_COUNTER, None)

@@ -76,9 +76,14 @@ def split_gated_out_projection(norm, linear, o: torch.Tensor, gate: torch.Tensor
         return None
     if type(norm) not in norms or norm._forward_hooks or norm._forward_pre_hooks:
         return None
-    K = o.shape[-2] * o.shape[-1]
-    x, z = o.reshape(-1, K), gate.reshape(-1, K)
-    if norm.weight.shape != o.shape[-1:] or not fits_gated(x, z, norm.weight, linear.weight, splits):
+    if norm.weight.shape != o.shape[-1:]:
         return None
-    partials = gated_norm_linear_partials(x, z, norm.weight, linear.weight, splits, eps=norm.variance_epsilon)
+    K = o.shape[-2] * o.shape[-1]
+    x = o.reshape(-1, K)
+    # the gate activated once here (inside a compiled layer, in the kernel that already reads z),
+    # not in each of the kernel's programs
+    act = F.silu(gate.reshape(-1, K).float())
+    if not fits_gated(x, act, norm.weight, linear.weight, splits, norm.variance_epsilon):
+        return None
+    partials = gated_norm_linear_partials(x, act, norm.weight, linear.weight, splits, eps=norm.variance_epsilon)
     return partials.sum(0).to(o.dtype).view(*o.shape[:-2], -1)

@@ -118,7 +118,7 @@ def test_config_variants_are_parsed_and_checked():
     assert config_variants("", "linear") == [] and config_variants("block_n=32") == [("linear", {"block_n": 32})]
     assert config_variants("gate_up_block_i=32;down_block_h=16,num_stages=2", "moe") == [
         ("moe", {"gate_up_block_i": 32}), ("moe", {"down_block_h": 16, "num_stages": 2})]
-    assert config_variants("prefetch_state=1;BV=64", "gdn") == [("gdn", {"prefetch_state": 1}), ("gdn", {"BV": 64})]
+    assert config_variants("BV=64;num_warps=8", "gdn") == [("gdn", {"BV": 64}), ("gdn", {"num_warps": 8})]
     for bad, kind, match in (("out_split_k=0", "linear", r"--ar-linear: out_split_k must be in 1..16, got 0"),
                              ("router_split_k=17", "linear", r"router_split_k must be in 1..16, got 17"),
                              ("in_split_k=x", "linear", "in_split_k must be an integer, got 'x'"),

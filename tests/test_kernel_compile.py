@@ -79,11 +79,6 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
         compile_sm90(linear_triton.small_linear_kernel, "bf16",
                      dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False,
                           NORM_GROUP=128, INTERPRET_BF16_X=False, **pdl), fp32_pointers=("out_ptr",), types={"eps": "fp32"}),
-        # the router's GEMM and top-k in one launch, 4 splits, 256 experts, top-8
-        compile_sm90(route_triton.route_gemm_topk_kernel, "bf16",
-                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, S=4, EP=256, TOPK=8,
-                          KP=8, BR=128, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
-                     fp32_pointers=("part_ptr",), types={"ids_ptr": "*i64", "counter_ptr": "*i32"}),
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, K=8, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=1),
         route_partials_sm90(),
@@ -91,10 +86,8 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=1024, K=1024, KP=1024, NORMALIZE=True,
                                                                   INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=2),
-        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True,
-                                                                       PREFETCH_STATE=False),
+        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True),
                      types={"scale": "fp32"}),
-        prefetching_verify_sm90(),
         compile_sm90(gdn_commit_triton.gdn_commit_kernel, "fp32", dict(gdn, BV=32), types={"num_commit_ptr": "*i64"}),
         compile_sm90(attention_triton.decode_attention_split_kernel, "bf16",
                      dict(W=16, G=8, HKV=2, D=256, DP=256, BM=16, BN=64, SPLITS=8, HAS_START=True, CAUSAL=True,
@@ -121,21 +114,6 @@ def route_partials_sm90():
     return compile_sm90(route_triton.route_topk_partials_kernel, "bf16",
                         dict(S=4, EP=256, K=8, KP=8, BR=128, NORMALIZE=True, INTERPRET_BF16=False, USE_PDL=True),
                         fp32_pointers=("part_ptr",), types={"ids_ptr": "*i64"}, num_warps=1)
-
-
-def prefetching_verify_sm90():
-    """The GDN verify kernel loading its state tile whole before its PDL wait."""
-    from hybridspec.ops import gdn_verify_triton
-
-    return compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32",
-                        dict(HK=16, HV=32, K=128, V=128, BT=16, PRECISION="ieee", USE_PDL=True, BV=32, BK=128,
-                             HAS_NUM_TOKENS=True, USE_L2NORM=True, PREFETCH_STATE=True),
-                        types={"scale": "fp32"})
-
-
-def test_prefetched_state_is_loaded_before_the_wait():
-    ptx = prefetching_verify_sm90().asm["ptx"]
-    assert "ld.global" in ptx[:ptx.index("griddepcontrol.wait")]
 
 
 def test_route_partials_issue_every_load_before_the_selection():

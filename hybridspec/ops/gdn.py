@@ -37,9 +37,7 @@ class GDNFactors(NamedTuple):
 # keeps 32 (128 and 256 programs); at B = 4 it takes 64 (256 programs), which on the H200 measured
 # 10.7 against 15 us a verify and 0.11-0.15 ms less GDN per round (docs/benchmarks.md,
 # "Batched rounds: wider tiles"); at B = 1 the sweep's best stays 32 (benchmarks/sweep_gdn.py)
-# `prefetch_state` 1: the kernel loads its whole state tile (BK = K) before its PDL wait
-# (hybridspec/ops/gdn_verify_triton.py); off until timed on a GPU
-VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4, "BV_max": 64, "min_programs": 256, "prefetch_state": 0}
+VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4, "BV_max": 64, "min_programs": 256}
 COMMIT_CONFIG = {"BV": 32, "num_warps": 4}
 # fp32 dots on the GPU: "ieee" lowers to FMA loops that spill heavily at K = 128; 3xTF32 runs on
 # tensor cores with ~1e-6 relative error. The interpreter computes every dot in plain fp32.
@@ -73,7 +71,6 @@ def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: flo
 
         BV = verify_block_v(V, B * HV)
         pdl = use_pdl(q)
-        prefetch = bool(VERIFY_CONFIG["prefetch_state"])
         gdn_verify_kernel[(V // BV, B * HV)](
             q, k, v, g, beta, state, num_tokens if num_tokens is not None else q,
             o, z_out, k_out, g_out,
@@ -83,9 +80,9 @@ def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: flo
             v.stride(0), v.stride(1), v.stride(2),
             g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1),
-            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, BK=K if prefetch else min(K, VERIFY_CONFIG["BK"]),
+            HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, BK=min(K, VERIFY_CONFIG["BK"]),
             HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm, PRECISION=_precision(q),
-            USE_PDL=pdl, PREFETCH_STATE=prefetch, num_warps=VERIFY_CONFIG["num_warps"], **pdl_launch(pdl),
+            USE_PDL=pdl, num_warps=VERIFY_CONFIG["num_warps"], **pdl_launch(pdl),
         )
         count_launch("gdn_verify")
         return o

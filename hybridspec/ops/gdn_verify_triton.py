@@ -30,18 +30,10 @@ def gdn_verify_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH_STATE: tl.constexpr = False,
 ):
+    pdl_enter(USE_PDL)
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
-    cols_v = i_v * BV + tl.arange(0, BV)
-    s_base = state_ptr + i_bh * K * V + cols_v[None, :]
-    if PREFETCH_STATE:
-        # the state tile, whole (BK == K), before the PDL wait: only the commit kernel writes it, at
-        # the end of the previous step or round, two or more launches back, so it is final here by
-        # `pdl_enter`'s rule, and its DRAM read overlaps the kernel before this one
-        S0_all = tl.load(s_base + tl.arange(0, K)[:, None] * V)  # [K, BV]
-    pdl_enter(USE_PDL)
     b = i_bh // HV
     h = i_bh % HV
     # value head h reads key head h // (HV // HK), as transformers' repeat_interleave does
@@ -52,6 +44,7 @@ def gdn_verify_kernel(
         n = T
 
     rows = tl.arange(0, BT)
+    cols_v = i_v * BV + tl.arange(0, BV)
     in_bounds = rows < T
     # rows past n may hold NaN: select zeros with where (0 * NaN is NaN)
     valid = rows < n
@@ -68,6 +61,7 @@ def gdn_verify_kernel(
     # the l2 normalisation is a row/column scaling applied afterwards.
     q_base = q_ptr + b * sqb + rows[:, None] * sqt + hk * sqh
     k_base = k_ptr + b * skb + rows[:, None] * skt + hk * skh
+    s_base = state_ptr + i_bh * K * V + cols_v[None, :]
     KS = tl.zeros([BT, BV], dtype=tl.float32)
     QS = tl.zeros([BT, BV], dtype=tl.float32)
     KK = tl.zeros([BT, BT], dtype=tl.float32)
@@ -80,10 +74,7 @@ def gdn_verify_kernel(
         k = tl.load(k_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
         q = tl.where(valid[:, None], q, 0.0)
         k = tl.where(valid[:, None], k, 0.0)
-        if PREFETCH_STATE:
-            S0 = S0_all
-        else:
-            S0 = tl.load(s_base + cols_k[:, None] * V)  # [BK, BV]
+        S0 = tl.load(s_base + cols_k[:, None] * V)  # [BK, BV]
         KS += tl.dot(k, S0, input_precision=PRECISION)
         QS += tl.dot(q, S0, input_precision=PRECISION)
         KK += tl.dot(k, tl.trans(k), input_precision=PRECISION)

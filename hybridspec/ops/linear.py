@@ -67,10 +67,6 @@ class LinearKernelConfig:
     # a GDN mixer's gated RMSNorm inside its output projection's partials
     # (`hybridspec.split_projection.split_gated_out_projection`); 0: the norm as its own kernels
     gated_out: int = 1
-    # at most this many rows, the router's split-K GEMM and its top-k run as one launch whose last
-    # program routes (`hybridspec.ops.route_gemm`; it routes the rows one after another, so a
-    # batched round's rows keep `route_topk_partials`, one program a row); 0: always two launches
-    router_fused_rows: int = 1
 
 
 KERNEL_CONFIG = LinearKernelConfig()
@@ -80,7 +76,7 @@ def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element
            group: int = 0) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages) for a call; tl.dot wants every side >= 16 and a power
     of two. `group` > 0: the gated norm's group (a power of two), which BLOCK_K must hold whole, and
-    a gate tile beside x's in every stage; stages are dropped, down to one, to fit `SMEM_BUDGET`."""
+    an fp32 gate tile beside x's in every stage; stages are dropped, down to one, to fit `SMEM_BUDGET`."""
     bm = min(MAX_ROWS, max(16, next_pow2(M)))
     narrow = max(16, next_pow2(cfg.block_n))
     bn = narrow
@@ -93,10 +89,10 @@ def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element
         # fp32 tiles take twice the bytes: half the columns per step keep the stages' footprint
         bk = max(16, bk // 2)
     stages = max(1, cfg.num_stages)
-    x_tiles = 2 if group else 1
 
     def footprint(bk: int) -> int:
-        return (x_tiles * bm + bn) * bk * element_size
+        # x's and the weight's tiles, and a gated call's fp32 activated gate
+        return (bm + bn) * bk * element_size + (bm * bk * 4 if group else 0)
 
     while bk > max(16, group) and footprint(bk) * stages > SMEM_BUDGET:
         bk //= 2
@@ -106,21 +102,6 @@ def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element
         while stages > 1 and footprint(bk) * stages > SMEM_BUDGET:
             stages -= 1
     return bm, bn, bk, stages
-
-
-def plan(x: torch.Tensor, weight: torch.Tensor, splits: int, group: int = 0) -> tuple[int, int, int, int, int]:
-    """`_tiles` for a call, and the columns of K per split: `(BLOCK_M, BLOCK_N, BLOCK_K, num_stages,
-    span)` (every kernel built on `_partial_product` launches from it)."""
-    M, K = x.shape
-    bm, bn, bk, stages = _tiles(KERNEL_CONFIG, M, weight.shape[0], K, splits, x.element_size(), group)
-    span = K
-    if splits > 1:
-        span = split_span(K, splits)
-        # a K step never crosses a split: the span is a multiple of 16 (and of a gated norm's group,
-        # which the caller checked, so a gated step stays at a group or more)
-        while span % bk:
-            bk //= 2
-    return bm, bn, bk, stages, span
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, gated: tuple | None = None) -> None:
@@ -135,7 +116,14 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
     N = weight.shape[0]
     gate, norm_weight, eps = gated if gated is not None else (x, x, 0.0)
     group = norm_weight.shape[0] if gated is not None else 0
-    bm, bn, bk, stages, span = plan(x, weight, splits, group)
+    bm, bn, bk, stages = _tiles(cfg, M, N, K, splits, x.element_size(), group)
+    span = K
+    if splits > 1:
+        span = split_span(K, splits)
+        # a K step never crosses a split: the span is a multiple of 16 (and of a gated norm's group,
+        # which the caller checked, so a gated step stays at a group or more)
+        while span % bk:
+            bk //= 2
     interp16 = TRITON_INTERPRET and x.dtype != torch.float32
     interp_bf16 = TRITON_INTERPRET and x.dtype == torch.bfloat16
     pdl = use_pdl(x)

@@ -24,8 +24,9 @@ With `NORM_GROUP` > 0 the kernel first applies a gated RMSNorm to each loaded ti
 (`hybridspec::gated_norm_linear_partials`, hybridspec/ops/norm_linear.py): a GDN mixer's
 `RMSNormGated` normalises each value head (`NORM_GROUP` columns) on its own, so a program whose K
 steps hold whole heads can normalise its own columns and no other program's, and the norm needs no
-launch of its own. Every program of a split recomputes its heads' norms from L2 (a few rows of K
-elements: noise beside the weight it streams).
+launch of its own. Every program of a split recomputes its heads' norms (N / BLOCK_N times over,
+on all BLOCK_M rows of its tile), so the gate comes in activated (silu in fp32, computed once by
+the caller): the prologue is multiplies, one rsqrt per row and head, and roundings.
 """
 
 from __future__ import annotations
@@ -38,27 +39,29 @@ from hybridspec.ops.pdl_triton import pdl_enter
 
 
 @triton.jit
-def _gated_rmsnorm(x, gate, norm_w, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
+def _gated_rmsnorm(x, act, norm_w, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
                    dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
     """transformers' `RMSNormGated` on a `[BLOCK_M, BLOCK_K]` tile holding whole groups of G
     columns, with its roundings: fp32 norm rounded to `dtype`, times the weight rounded to `dtype`,
-    times silu of the fp32 gate, rounded to `dtype`. Returns fp32 values `dtype` holds exactly."""
+    times the activated gate `act` (fp32 silu of the gate), rounded to `dtype`. Returns fp32 values
+    `dtype` holds exactly."""
     xf = tl.reshape(x.to(tl.float32), [BLOCK_M, BLOCK_K // G, G])
     inv = tl.rsqrt(tl.sum(xf * xf, axis=2) / G + eps)
     h = _round_to(tl.reshape(xf * inv[:, :, None], [BLOCK_M, BLOCK_K]), dtype, INTERPRET_BF16)
     h = _round_to(norm_w.to(tl.float32)[None, :] * h, dtype, INTERPRET_BF16)
-    gf = gate.to(tl.float32)
-    return _round_to(h * (gf / (1.0 + tl.exp(-gf))), dtype, INTERPRET_BF16)
+    return _round_to(h * act, dtype, INTERPRET_BF16)
 
 
 @triton.jit
-def _partial_product(
-    x_ptr, w_ptr, gate_ptr, norm_w_ptr, M, N, K, k_span, s_xm, s_wn, s_gm, eps,
+def small_linear_kernel(
+    x_ptr, w_ptr, out_ptr, gate_ptr, norm_w_ptr,
+    M, N, K, k_span,
+    s_xm, s_wn, s_gm, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, NORM_GROUP: tl.constexpr, INTERPRET_BF16_X: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
+    NORM_GROUP: tl.constexpr = 0, INTERPRET_BF16_X: tl.constexpr = False,
 ):
-    """This program's fp32 `[BLOCK_M, BLOCK_N]` tile of x @ weight.T over its split of K, with its
-    rows, columns and their masks (the kernels' shared body; `route_gemm_topk_kernel` too)."""
+    pdl_enter(USE_PDL)
     i_n = tl.program_id(0)
     i_m = tl.program_id(1)
     # this program's split of K: columns [k_lo, k_lo + k_span), a multiple of BLOCK_K wide unless
@@ -79,32 +82,16 @@ def _partial_product(
         x = tl.load(x_base + ck[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
         w = tl.load(w_base + ck[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
         if NORM_GROUP > 0:
-            # masked rows and columns load zeros and normalise to zeros
-            gate = tl.load(g_base + ck[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            # masked rows and columns load zeros and normalise to zeros (eps > 0)
+            act = tl.load(g_base + ck[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             norm_w = tl.load(norm_w_ptr + ck % NORM_GROUP, mask=k_ok, other=0.0)
-            x = _gated_rmsnorm(x, gate, norm_w, eps, BLOCK_M, BLOCK_K, NORM_GROUP, x_ptr.dtype.element_ty,
+            x = _gated_rmsnorm(x, act, norm_w, eps, BLOCK_M, BLOCK_K, NORM_GROUP, x_ptr.dtype.element_ty,
                                INTERPRET_BF16_X).to(x_ptr.dtype.element_ty)
         # the interpreter multiplies 16-bit dot operands as raw bits: upcast there (exact products)
         if UPCAST:
             x = x.to(tl.float32)
             w = w.to(tl.float32)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
-    return acc, rows, cols, row_ok, col_ok
-
-
-@triton.jit
-def small_linear_kernel(
-    x_ptr, w_ptr, out_ptr, gate_ptr, norm_w_ptr,
-    M, N, K, k_span,
-    s_xm, s_wn, s_gm, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-    NORM_GROUP: tl.constexpr = 0, INTERPRET_BF16_X: tl.constexpr = False,
-):
-    pdl_enter(USE_PDL)
-    acc, rows, cols, row_ok, col_ok = _partial_product(
-        x_ptr, w_ptr, gate_ptr, norm_w_ptr, M, N, K, k_span, s_xm, s_wn, s_gm, eps,
-        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST, NORM_GROUP, INTERPRET_BF16_X)
     # the interpreter's fp32 -> bf16 cast truncates; the GPU's rounds to nearest even
     if INTERPRET_BF16:
         acc = _round_bf16(acc)

@@ -30,19 +30,20 @@ def small_linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int) ->
     return torch.stack(parts)
 
 
-def gated_rmsnorm(x: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rmsnorm(x: torch.Tensor, act: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' `RMSNormGated` (Qwen3.5/3.6, Qwen3-Next) on groups of `G = norm_weight.shape[0]`
-    columns of `x` `[M, K]`, with its roundings: the fp32 norm rounded to x's dtype, times the
-    weight (in that dtype), times silu of the fp32 gate, rounded to x's dtype."""
+    columns of `x` `[M, K]`, given its gate activated (`act = silu(gate.float())`, fp32), with its
+    roundings: the fp32 norm rounded to x's dtype, times the weight (in that dtype), times `act`,
+    rounded to x's dtype."""
     G = norm_weight.shape[0]
     h = x.float().unflatten(-1, (-1, G))
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     h = norm_weight * h.to(x.dtype)
-    h = h * torch.nn.functional.silu(gate.float().unflatten(-1, (-1, G)))
+    h = h * act.unflatten(-1, (-1, G))
     return h.to(x.dtype).flatten(-2)
 
 
-def gated_norm_linear_partials(x: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
+def gated_norm_linear_partials(x: torch.Tensor, act: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
                                splits: int, eps: float) -> torch.Tensor:
-    """`small_linear_partials` of `gated_rmsnorm(x, gate, norm_weight, eps)`."""
-    return small_linear_partials(gated_rmsnorm(x, gate, norm_weight, eps), weight, splits)
+    """`small_linear_partials` of `gated_rmsnorm(x, act, norm_weight, eps)`."""
+    return small_linear_partials(gated_rmsnorm(x, act, norm_weight, eps), weight, splits)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hybridspec.ops.linear_triton import _partial_product
 from hybridspec.ops.moe_triton import _round_bf16, _round_to
 from hybridspec.ops.pdl_triton import pdl_enter
 
@@ -107,16 +106,19 @@ def _split_sum(row, s_ps, offs, mask, S: tl.constexpr, WIDTH: tl.constexpr):
     the S loads are issued together)."""
     acc = tl.zeros([WIDTH], dtype=tl.float32)
     for s in tl.static_range(S):
-        # .cg (L2, not L1): in `route_gemm_topk_kernel` other programs of the same launch wrote them
-        acc += tl.load(row + s * s_ps + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        acc += tl.load(row + s * s_ps + offs, mask=mask, other=0.0)
     return acc
 
 
 @triton.jit
-def _route_partials_row(part_ptr, w_ptr, ids_ptr, rest_ptr, r, E, N, s_ps, s_pr, s_rr,
-                        S: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BR: tl.constexpr,
-                        NORMALIZE: tl.constexpr, INTERPRET_BF16: tl.constexpr):
-    """Row r of split-K partials: its logits summed and routed, the columns past them stored."""
+def route_topk_partials_kernel(
+    part_ptr, w_ptr, ids_ptr, rest_ptr,
+    E, N, s_ps, s_pr, s_rr,
+    S: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BR: tl.constexpr,
+    NORMALIZE: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    r = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, EP)
     ok = lanes < E
     row = part_ptr + r * s_pr
@@ -135,45 +137,3 @@ def _route_partials_row(part_ptr, w_ptr, ids_ptr, rest_ptr, r, E, N, s_ps, s_pr,
         live = cols < N
         tail = _split_sum(row, s_ps, cols, live, S, BR)
         _rest_store(tail, rest_ptr, r, s_rr, cols, live, E, INTERPRET_BF16)
-
-
-@triton.jit
-def route_topk_partials_kernel(
-    part_ptr, w_ptr, ids_ptr, rest_ptr,
-    E, N, s_ps, s_pr, s_rr,
-    S: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BR: tl.constexpr,
-    NORMALIZE: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    pdl_enter(USE_PDL)
-    _route_partials_row(part_ptr, w_ptr, ids_ptr, rest_ptr, tl.program_id(0).to(tl.int64), E, N, s_ps, s_pr, s_rr,
-                        S, EP, K, KP, BR, NORMALIZE, INTERPRET_BF16)
-
-
-@triton.jit
-def route_gemm_topk_kernel(
-    x_ptr, wt_ptr, part_ptr, w_ptr, ids_ptr, rest_ptr, counter_ptr,
-    M, N, K, k_span, E, s_xm, s_wn, s_rr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, S: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr, KP: tl.constexpr,
-    BR: tl.constexpr, NORMALIZE: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    """`small_linear_kernel`'s split-K partials of the router GEMM, then the program that finishes
-    last routes every row from them (`route_gemm_topk` says why). Arrival is counted in
-    `counter_ptr`, which that program sets back to zero for the next launch."""
-    pdl_enter(USE_PDL)
-    acc, rows, cols, row_ok, col_ok = _partial_product(
-        x_ptr, wt_ptr, x_ptr, x_ptr, M, N, K, k_span, s_xm, s_wn, 0, 0.0,
-        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST, 0, False)
-    out = part_ptr + (tl.program_id(2) * M + rows[:, None]) * N + cols[None, :]
-    tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
-    # every thread's stores before the ticket; the ticket's release and acquire (gpu scope) make
-    # all programs' partials visible to the one that draws the last ticket (the pattern of a
-    # split-K semaphore); the barrier after it orders its other threads' loads behind the acquire
-    tl.debug_barrier()
-    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    tl.debug_barrier()
-    if ticket == tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2) - 1:
-        for r in range(M):
-            _route_partials_row(part_ptr, w_ptr, ids_ptr, rest_ptr, r, E, N, M * N, N, s_rr,
-                                S, EP, TOPK, KP, BR, NORMALIZE, INTERPRET_BF16)
-        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")

@@ -12,13 +12,12 @@ from transformers.activations import ACT2FN
 
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
-from hybridspec.fused import fused_rows, fused_weight, plain_unsharded, project, route_counter
+from hybridspec.fused import fused_rows, fused_weight, plain_unsharded, project
 from hybridspec.ops import decode_attention, gdn_verify_packed, route_topk, route_topk_partials, small_linear, small_linear_partials
 from hybridspec.ops import linear as linear_ops
 from hybridspec.ops import moe as moe_ops
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
-from hybridspec.ops.route_gemm import route_gemm_topk
 from hybridspec.split_projection import split_gated_out_projection, split_in_gemm, split_out_projection
 from hybridspec.state import GDNSlot
 
@@ -126,9 +125,7 @@ def split_route(family, mlp, x: torch.Tensor, take: int | None) -> tuple | None:
     after it), routed by `route_topk_partials`, which adds them: `(ids, weights, rest)`, ids and
     weights `[B, w, k]`, `rest` the outputs of the linears after the router (`project`'s, from the
     same sums). The router's GEMM then spreads over
-    `router_split_k` times as many programs, and the reduction costs no launch. At up to
-    `router_fused_rows` rows (an AR step) the GEMM and the routing are one launch, `route_gemm_topk`,
-    with the block's route counter (`hybridspec.fused.route_counter`). None where that is off
+    `router_split_k` times as many programs, and the reduction costs no launch. None where that is off
     (`router_split_k` 1), the block is not fused, the router is not one the family knows, or the
     kernels would not take the inputs (no kernel device, an autograd graph, more than 64 rows)."""
     splits = linear_ops.KERNEL_CONFIG.router_split_k
@@ -142,15 +139,9 @@ def split_route(family, mlp, x: torch.Tensor, take: int | None) -> tuple | None:
     flat = x.reshape(-1, H)
     if sizes[0] > MAX_EXPERTS or not fits(flat, weight):
         return None
-    normalize = family.router_normalizes(mlp.gate)
-    counter = route_counter(mlp)
-    if counter is not None and counter.device == flat.device and flat.shape[0] <= linear_ops.KERNEL_CONFIG.router_fused_rows:
-        # a row or two: the GEMM's last program routes, one launch (hybridspec/ops/route_gemm.py)
-        weights, ids, rest = route_gemm_topk(flat, weight, splits, sizes[0], mlp.gate.top_k, normalize=normalize,
-                                             counter=counter)
-    else:
-        partials = small_linear_partials(flat, weight, splits)
-        weights, ids, rest = route_topk_partials(partials, sizes[0], mlp.gate.top_k, normalize=normalize, dtype=x.dtype)
+    partials = small_linear_partials(flat, weight, splits)
+    weights, ids, rest = route_topk_partials(partials, sizes[0], mlp.gate.top_k,
+                                             normalize=family.router_normalizes(mlp.gate), dtype=x.dtype)
     return ids.view(B, w, -1), weights.view(B, w, -1), list(rest.split(sizes[1:], dim=-1)[:-1])
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybridspec.fused import drop_route_counter, ensure_route_counter, fuse, fused_weight, unfuse_group
+from hybridspec.fused import fuse, unfuse_group
 from hybridspec.patches.common import is_sparse_moe, moe_linears
 
 
@@ -25,17 +25,10 @@ def fuse_model(family, model) -> int:
     """Fuse every group (or re-link one whose weights were replaced since: `hybridspec.fused`);
     cheap when nothing changed, so every `generate` call runs it. Returns how many groups are fused
     (the runner captures again when any buffer it reads moved, the fused weights among them)."""
-    fused = 0
-    for parent, name, linears in groups(family, model):
-        fused += fuse(parent, name, linears, family.ROUTERS)
-        if name == "moe" and fused_weight(parent, name) is not None:
-            # the one-launch router's arrival counter, beside the weight it routes with
-            ensure_route_counter(parent, fused_weight(parent, name).device)
-    return fused
+    return sum(fuse(parent, name, linears, family.ROUTERS) for parent, name, linears in groups(family, model))
 
 
 def unfuse_model(family, model) -> None:
     """Every linear its own weight again (what `hybridspec.disable` leaves)."""
     for parent, name, linears in groups(family, model):
         unfuse_group(parent, name, linears)
-        drop_route_counter(parent)

@@ -77,27 +77,14 @@ def test_verify_wide_tile_matches_recurrence(device, case, data):
         _check_round(case, device, n, m)
 
 
-@settings(max_examples=12)
-@given(case=gdn_cases(head_dims=(16, 32, 64)), data=st.data())
-def test_verify_prefetched_state_matches_recurrence(device, case, data):
-    """With the state tile loaded whole before the PDL wait (`prefetch_state`, BK = K), the verify
-    kernel still matches."""
-    n, m = _lengths(data, case.B, case.T)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(gdn_mod.VERIFY_CONFIG, "prefetch_state", 1)
-        _check_round(case, device, n, m)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("min_programs", [gdn_mod.VERIFY_CONFIG["min_programs"], 1], ids=["default_tile", "wide_tile"])
-@pytest.mark.parametrize("prefetch", [0, 1], ids=["loaded", "prefetched"])
 @settings(max_examples=25)
 @given(case=gdn_cases(head_dims=(128,), max_batch=4), data=st.data())
-def test_verify_commit_qwen_head_dim(min_programs, prefetch, case, data):
+def test_verify_commit_qwen_head_dim(min_programs, case, data):
     n, m = _lengths(data, case.B, case.T)
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(gdn_mod.VERIFY_CONFIG, "min_programs", min_programs)
-        mp.setitem(gdn_mod.VERIFY_CONFIG, "prefetch_state", prefetch)
         _check_round(case, "cuda", n, m)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeRMSNormGated
@@ -44,8 +45,9 @@ class NormCase:
 
 
 def make_inputs(case: NormCase, device: str):
-    """x, gate, the norm's weight and the projection's; what of their buffers lies outside them is
-    NaN, so a read past a mask fails."""
+    """x, the activated gate (`silu(gate.float())`, fp32, as the caller passes it), the norm's
+    weight and the projection's; what of their buffers lies outside them is NaN, so a read past a
+    mask fails."""
     gen = torch.Generator().manual_seed(case.seed)
     M, K, N = case.M, case.heads * case.G, case.N
 
@@ -53,14 +55,16 @@ def make_inputs(case: NormCase, device: str):
         t = torch.full((rows, cols + pad), float("nan"))
         # heads of different scales: a norm over the wrong columns gives other values
         t[:, :cols] = torch.randn(rows, cols, generator=gen) * scale
-        return t.to(case.dtype).to(device)[:, :cols]
+        return t.to(case.dtype)
 
     scales = torch.rand(case.heads, generator=gen).repeat_interleave(case.G) * 4 + 0.1
-    x = padded(M, K, case.x_pad) * scales.to(case.dtype).to(device)
-    gate = padded(M, K, case.gate_pad, 2.0)
+    x = padded(M, K, case.x_pad)
+    x[:, :K] *= scales.to(case.dtype)
+    x = x.to(device)[:, :K]
+    act = F.silu(padded(M, K, case.gate_pad, 2.0).float()).to(device)[:, :K]
     norm_weight = (torch.rand(case.G, generator=gen) + 0.5).to(case.dtype).to(device)
-    weight = padded(N, K, 0, K**-0.5)
-    return x, gate, norm_weight, weight
+    weight = padded(N, K, 0, K**-0.5).to(device)
+    return x, act, norm_weight, weight
 
 
 def group_fits(case: NormCase) -> bool:
@@ -84,11 +88,11 @@ def norm_cases(draw):
 
 
 def check_case(case: NormCase, device: str) -> None:
-    x, gate, nw, w = make_inputs(case, device)
+    x, act, nw, w = make_inputs(case, device)
     with expect_launch("gated_norm_linear_partials"):
-        got = gated_norm_linear_partials(x, gate, nw, w, case.splits, eps=EPS)
+        got = gated_norm_linear_partials(x, act, nw, w, case.splits, eps=EPS)
     assert got.shape == (case.splits, case.M, case.N) and got.dtype == torch.float32
-    ref = naive_linear.gated_norm_linear_partials(x.cpu(), gate.cpu(), nw.cpu(), w.cpu(), case.splits, EPS)
+    ref = naive_linear.gated_norm_linear_partials(x.cpu(), act.cpu(), nw.cpu(), w.cpu(), case.splits, EPS)
     assert_rel(got.cpu(), ref, TOL[case.dtype], f"gated partials {case}")
 
 
@@ -97,6 +101,7 @@ def check_case(case: NormCase, device: str) -> None:
 @example(case=NormCase(M=64, heads=8, G=16, N=33, splits=4, dtype=torch.bfloat16, seed=0, x_pad=5, gate_pad=24))
 @example(case=NormCase(M=1, heads=4, G=32, N=16, splits=4, dtype=torch.float32, seed=1))
 @example(case=NormCase(M=17, heads=3, G=64, N=7, splits=1, dtype=torch.float16, seed=2, gate_pad=24))
+@example(case=NormCase(M=64, heads=2, G=256, N=16, splits=2, dtype=torch.float32, seed=3))
 def test_matches_naive(device, case):
     assume(group_fits(case))
     check_case(case, device)
@@ -107,31 +112,48 @@ def test_matches_naive(device, case):
 def test_twin_is_transformers_norm(norm_cls, dtype):
     """The twin computes the families' `RMSNormGated` forward bit for bit (CPU), over each group."""
     case = NormCase(M=5, heads=3, G=16, N=4, splits=1, dtype=dtype, seed=3)
-    x, gate, nw, _ = make_inputs(case, "cpu")
+    x, _, nw, _ = make_inputs(case, "cpu")
+    gate = torch.randn(x.shape, generator=torch.Generator().manual_seed(7)).to(dtype)
     norm = norm_cls(case.G, eps=EPS).to(dtype)
     with torch.no_grad():
         norm.weight.copy_(nw)
         expected = norm(x.reshape(-1, case.G), gate.reshape(-1, case.G)).reshape(case.M, -1)
-    assert torch.equal(naive_linear.gated_rmsnorm(x, gate, nw, EPS), expected)
+    assert torch.equal(naive_linear.gated_rmsnorm(x, F.silu(gate.float()), nw, EPS), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_normed_input_rounds_as_the_twin(device, dtype):
+    """Through an identity projection (one split) each output is one normed input element times one:
+    the kernel's normed, weighted and gated 16-bit input, rounded where the module rounds, against
+    the twin element by element (another rsqrt may move an element across a rounding boundary: at
+    most 1%; a rounding step left out moves about half of them)."""
+    case = NormCase(M=5, heads=3, G=32, N=96, splits=1, dtype=dtype, seed=8)
+    x, act, nw, _ = make_inputs(case, device)
+    eye = torch.eye(96, dtype=dtype, device=device)
+    got = gated_norm_linear_partials(x, act, nw, eye, 1, eps=EPS)[0].cpu()
+    ref = naive_linear.gated_rmsnorm(x.cpu(), act.cpu(), nw.cpu(), EPS).float()
+    differ = int((got != ref).sum())
+    assert differ <= ref.numel() // 100, f"{differ} of {ref.numel()} normed elements differ from the twin"
 
 
 def test_opcheck(device):
     case = NormCase(M=3, heads=4, G=16, N=20, splits=2, dtype=torch.float32, seed=4, gate_pad=24)
-    x, gate, nw, w = make_inputs(case, device)
+    x, act, nw, w = make_inputs(case, device)
     op = torch.ops.hybridspec.gated_norm_linear_partials.default
-    torch.library.opcheck(op, (x, gate, nw, w, 2, EPS))
-    torch.library.opcheck(op, (x.bfloat16(), gate.bfloat16(), nw.bfloat16(), w.bfloat16(), 4, EPS))
+    torch.library.opcheck(op, (x, act, nw, w, 2, EPS))
+    torch.library.opcheck(op, (x.bfloat16(), act, nw.bfloat16(), w.bfloat16(), 4, EPS))
 
 
 def test_fits_gated():
     case = NormCase(M=3, heads=4, G=16, N=20, splits=4, dtype=torch.bfloat16, seed=5, gate_pad=24)
-    x, gate, nw, w = make_inputs(case, "cpu")
-    assert fits_gated(x, gate, nw, w, 4) == use_triton(x)
+    x, act, nw, w = make_inputs(case, "cpu")
+    assert fits_gated(x, act, nw, w, 4, EPS) == use_triton(x)
     for args in [
-        (x, gate[:, :32], nw, w, 4), (x, gate.float(), nw, w, 4), (x, gate, nw.float(), w, 4),
-        (x, gate, nw[:12], w, 4),  # not a power of two
-        (x, gate, torch.ones(32, dtype=x.dtype), w, 4),  # 64 columns in 4 splits of 16 cut the groups
-        (x, gate, nw, w, 0), (x, gate.t().contiguous().t(), nw, w, 4), (x.float(), gate, nw, w.float(), 4),
+        (x, act[:, :32], nw, w, 4, EPS), (x, act.bfloat16(), nw, w, 4, EPS), (x, act, nw.float(), w, 4, EPS),
+        (x, act, nw[:12], w, 4, EPS),  # not a power of two
+        (x, act, torch.ones(32, dtype=x.dtype), w, 4, EPS),  # 64 columns in 4 splits of 16 cut the groups
+        (x, act, nw, w, 0, EPS), (x, act.t().contiguous().t(), nw, w, 4, EPS), (x.float(), act, nw, w.float(), 4, EPS),
+        (x, act, nw, w, 4, 0.0),
     ]:
         assert not fits_gated(*args)
 
@@ -139,9 +161,9 @@ def test_fits_gated():
 @pytest.mark.parametrize(
     "change, match",
     [
-        (lambda x, g, n, w: (x, g[:, :32], n, w, 4), r"gate must be like x"),
-        (lambda x, g, n, w: (x, g.half(), n, w, 4), r"gate must be like x"),
-        (lambda x, g, n, w: (x, g.t().contiguous().t(), n, w, 4), r"gate must be contiguous in its last dim"),
+        (lambda x, g, n, w: (x, g[:, :32], n, w, 4), r"act must be fp32 shaped like x"),
+        (lambda x, g, n, w: (x, g.half(), n, w, 4), r"act must be fp32 shaped like x"),
+        (lambda x, g, n, w: (x, g.t().contiguous().t(), n, w, 4), r"act must be contiguous in its last dim"),
         (lambda x, g, n, w: (x, g, n.half(), w, 4), r"norm_weight must be a contiguous \[G\] tensor of x's dtype"),
         (lambda x, g, n, w: (x, g, n[:12], w, 4), r"the norm's group \(12\) must be a power of two"),
         (lambda x, g, n, w: (x, g, torch.ones(32), w, 4), r"dividing K \(64\) and each of 4 splits' span \(16\)"),
@@ -151,9 +173,11 @@ def test_fits_gated():
 )
 def test_wrapper_validates(change, match):
     case = NormCase(M=3, heads=4, G=16, N=20, splits=4, dtype=torch.float32, seed=6)
-    x, gate, nw, w = make_inputs(case, "cpu")
+    x, act, nw, w = make_inputs(case, "cpu")
     with pytest.raises(ValueError, match=match):
-        gated_norm_linear_partials(*change(x, gate, nw, w), eps=EPS)
+        gated_norm_linear_partials(*change(x, act, nw, w), eps=EPS)
+    with pytest.raises(ValueError, match=r"eps must be > 0, got 0.0"):
+        gated_norm_linear_partials(x, act, nw, w, 4, eps=0.0)
 
 
 # the 35B-A3B GDN mixer: 32 value heads of 128, out_proj 2048 x 4096, in 4 splits, at the round's rows
@@ -165,9 +189,9 @@ GPU_CASES = [NormCase(M=M, heads=32, G=128, N=2048, splits=4, dtype=dtype, seed=
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"M{c.M}-{c.dtype}")
 def test_real_shapes(case):
     check_case(case, "cuda")
-    x, gate, nw, w = make_inputs(case, "cuda")
-    got = gated_norm_linear_partials(x, gate, nw, w, 4, eps=EPS)
-    assert torch.equal(got, gated_norm_linear_partials(x, gate, nw, w, 4, eps=EPS))
+    x, act, nw, w = make_inputs(case, "cuda")
+    got = gated_norm_linear_partials(x, act, nw, w, 4, eps=EPS)
+    assert torch.equal(got, gated_norm_linear_partials(x, act, nw, w, 4, eps=EPS))
 
 
 @pytest.mark.parametrize("family_model", ["qwen35", "qwen3_next"])
