@@ -66,7 +66,7 @@ class LinearKernelConfig:
     in_split_k: int = 1
     # a GDN mixer's gated RMSNorm inside its output projection's partials
     # (`hybridspec.split_projection.split_gated_out_projection`); 0: the norm as its own kernels
-    gated_out: int = 1
+    gated_out: int = 0
 
 
 KERNEL_CONFIG = LinearKernelConfig()
