@@ -19,10 +19,6 @@ same function.
 at the 35B-A3B shape) into 97 tiles of 128 rows, fewer than the H200's 132 SMs (16.3 us against an
 11.9 us bound at one row); split K ways, the sum fuses into the conv, gates and norm that read it.
 Not yet measured on a GPU (`benchmarks/bench_runner.py --ar-linear "in_split_k=2;in_split_k=4"`).
-
-`split_gated_out_projection` runs a GDN mixer's gated RMSNorm inside its output projection's
-partials (`hybridspec.ops.norm_linear`): the norm's two kernels per GDN layer become none
-(`LinearKernelConfig.gated_out`).
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ from hybridspec.fused import plain_unsharded
 from hybridspec.ops import linear as linear_ops
 from hybridspec.ops import small_linear_partials
 from hybridspec.ops.linear import fits
-from hybridspec.ops.norm_linear import fits_gated, gated_norm_linear_partials
 
 
 def summed_partials(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor | None:
@@ -61,29 +56,3 @@ def split_in_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     as `KERNEL_CONFIG.in_split_k` summed partials (`summed_partials`), else `F.linear`."""
     out = summed_partials(x, weight, linear_ops.KERNEL_CONFIG.in_split_k)
     return out if out is not None else F.linear(x, weight)
-
-
-def split_gated_out_projection(norm, linear, o: torch.Tensor, gate: torch.Tensor, norms: tuple) -> torch.Tensor | None:
-    """`linear(norm(o, gate))` for a GDN mixer's gated norm and output projection, `o` and `gate`
-    `[..., HV, V]`, as one `gated_norm_linear_partials` launch whose `KERNEL_CONFIG.out_split_k`
-    partials are added here in fp32 and rounded once to o's dtype. None where that is off
-    (`gated_out` 0, `out_split_k` 1), the linear is not `plain_unsharded`, the norm is not one of
-    `norms` (the family's `RMSNormGated`, whose forward the kernel computes) or is hooked, or the
-    kernel would not take the inputs (`fits_gated`): the caller then runs the two modules."""
-    cfg = linear_ops.KERNEL_CONFIG
-    splits = cfg.out_split_k
-    if not cfg.gated_out or splits <= 1 or not plain_unsharded(linear):
-        return None
-    if type(norm) not in norms or norm._forward_hooks or norm._forward_pre_hooks:
-        return None
-    if norm.weight.shape != o.shape[-1:]:
-        return None
-    K = o.shape[-2] * o.shape[-1]
-    x = o.reshape(-1, K)
-    # the gate activated once here (inside a compiled layer, in the kernel that already reads z),
-    # not in each of the kernel's programs
-    act = F.silu(gate.reshape(-1, K).float())
-    if not fits_gated(x, act, norm.weight, linear.weight, splits, norm.variance_epsilon):
-        return None
-    partials = gated_norm_linear_partials(x, act, norm.weight, linear.weight, splits, eps=norm.variance_epsilon)
-    return partials.sum(0).to(o.dtype).view(*o.shape[:-2], -1)

@@ -73,12 +73,7 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     lengths = {"len_ptr": "*i64", "start_ptr": "*i64"}
     kernels = [
         compile_sm90(linear_triton.small_linear_kernel, "bf16",
-                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False,
-                          NORM_GROUP=0, INTERPRET_BF16_X=False, **pdl), types={"eps": "fp32"}),
-        # the GDN mixer's gated norm in its output projection: two 128-column heads a K step
-        compile_sm90(linear_triton.small_linear_kernel, "bf16",
-                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False,
-                          NORM_GROUP=128, INTERPRET_BF16_X=False, **pdl), fp32_pointers=("out_ptr",), types={"eps": "fp32"}),
+                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl)),
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, K=8, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=1),
         route_partials_sm90(),

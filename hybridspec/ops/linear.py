@@ -64,19 +64,13 @@ class LinearKernelConfig:
     # K splits of the mixers' fused input projections (`hybridspec.split_projection.split_in_gemm`);
     # 1: cuBLAS. Not yet measured on a GPU, so off
     in_split_k: int = 1
-    # a GDN mixer's gated RMSNorm inside its output projection's partials
-    # (`hybridspec.split_projection.split_gated_out_projection`); 0: the norm as its own kernels
-    gated_out: int = 0
 
 
 KERNEL_CONFIG = LinearKernelConfig()
 
 
-def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element_size: int,
-           group: int = 0) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages) for a call; tl.dot wants every side >= 16 and a power
-    of two. `group` > 0: the gated norm's group (a power of two), which BLOCK_K must hold whole, and
-    an fp32 gate tile beside x's in every stage; stages are dropped, down to one, to fit `SMEM_BUDGET`."""
+def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element_size: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) for a call; tl.dot wants every side >= 16 and a power of two."""
     bm = min(MAX_ROWS, max(16, next_pow2(M)))
     narrow = max(16, next_pow2(cfg.block_n))
     bn = narrow
@@ -88,54 +82,36 @@ def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element
     if element_size == 4:
         # fp32 tiles take twice the bytes: half the columns per step keep the stages' footprint
         bk = max(16, bk // 2)
-    stages = max(1, cfg.num_stages)
-
-    def footprint(bk: int) -> int:
-        # x's and the weight's tiles, and a gated call's fp32 activated gate
-        return (bm + bn) * bk * element_size + (bm * bk * 4 if group else 0)
-
-    while bk > max(16, group) and footprint(bk) * stages > SMEM_BUDGET:
+    while bk > 16 and (bm + bn) * bk * element_size * max(1, cfg.num_stages) > SMEM_BUDGET:
         bk //= 2
-    bk = min(bk, max(16, next_pow2(K)))
-    if group:
-        bk = max(bk, group)
-        while stages > 1 and footprint(bk) * stages > SMEM_BUDGET:
-            stages -= 1
-    return bm, bn, bk, stages
+    return bm, bn, min(bk, max(16, next_pow2(K)))
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, gated: tuple | None = None) -> None:
+def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int) -> None:
     """`small_linear_kernel` over `splits` splits of K into `out` (`[M, N]` in x's dtype for one
-    split, `[splits, M, N]` fp32 partials otherwise). `gated`: `(gate, norm_weight, eps)`, the gated
-    RMSNorm applied to x first (`hybridspec.ops.norm_linear`; the caller checked that every split
-    holds whole groups)."""
+    split, `[splits, M, N]` fp32 partials otherwise)."""
     from hybridspec.ops.linear_triton import small_linear_kernel
 
     cfg = KERNEL_CONFIG
     M, K = x.shape
     N = weight.shape[0]
-    gate, norm_weight, eps = gated if gated is not None else (x, x, 0.0)
-    group = norm_weight.shape[0] if gated is not None else 0
-    bm, bn, bk, stages = _tiles(cfg, M, N, K, splits, x.element_size(), group)
+    bm, bn, bk = _tiles(cfg, M, N, K, splits, x.element_size())
     span = K
     if splits > 1:
         span = split_span(K, splits)
-        # a K step never crosses a split: the span is a multiple of 16 (and of a gated norm's group,
-        # which the caller checked, so a gated step stays at a group or more)
+        # a K step never crosses a split: the span is a multiple of 16, so this stops at 16 at least
         while span % bk:
             bk //= 2
     interp16 = TRITON_INTERPRET and x.dtype != torch.float32
-    interp_bf16 = TRITON_INTERPRET and x.dtype == torch.bfloat16
     pdl = use_pdl(x)
     small_linear_kernel[(-(-N // bn), -(-M // bm), splits)](
-        x, weight, out, gate, norm_weight,
+        x, weight, out,
         M, N, K, span,
-        x.stride(0), weight.stride(0), gate.stride(0), eps,
+        x.stride(0), weight.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         PRECISION=dot_precision(x), UPCAST=interp16,
         INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16,
-        USE_PDL=pdl, NORM_GROUP=group, INTERPRET_BF16_X=interp_bf16,
-        num_warps=cfg.num_warps, num_stages=stages, **pdl_launch(pdl),
+        USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
     )
 
 

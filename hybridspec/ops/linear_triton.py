@@ -19,14 +19,6 @@ launch a program waits for the kernel before it (`pdl_enter`).
 Why split K at all: at the mixers' output projections (N = 2048, K = 4096) one split gives 128
 programs that each walk 16 steps of K, and the step runs at ~40% of the copy bandwidth; splitting K
 puts 4x the loads in flight. cuBLAS splits too, but sums its splits in a kernel of its own.
-
-With `NORM_GROUP` > 0 the kernel first applies a gated RMSNorm to each loaded tile of x
-(`hybridspec::gated_norm_linear_partials`, hybridspec/ops/norm_linear.py): a GDN mixer's
-`RMSNormGated` normalises each value head (`NORM_GROUP` columns) on its own, so a program whose K
-steps hold whole heads can normalise its own columns and no other program's, and the norm needs no
-launch of its own. Every program of a split recomputes its heads' norms (N / BLOCK_N times over,
-on all BLOCK_M rows of its tile), so the gate comes in activated (silu in fp32, computed once by
-the caller): the prologue is multiplies, one rsqrt per row and head, and roundings.
 """
 
 from __future__ import annotations
@@ -34,32 +26,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hybridspec.ops.moe_triton import _round_bf16, _round_to
+from hybridspec.ops.moe_triton import _round_bf16
 from hybridspec.ops.pdl_triton import pdl_enter
 
 
 @triton.jit
-def _gated_rmsnorm(x, act, norm_w, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
-                   dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
-    """transformers' `RMSNormGated` on a `[BLOCK_M, BLOCK_K]` tile holding whole groups of G
-    columns, with its roundings: fp32 norm rounded to `dtype`, times the weight rounded to `dtype`,
-    times the activated gate `act` (fp32 silu of the gate), rounded to `dtype`. Returns fp32 values
-    `dtype` holds exactly."""
-    xf = tl.reshape(x.to(tl.float32), [BLOCK_M, BLOCK_K // G, G])
-    inv = tl.rsqrt(tl.sum(xf * xf, axis=2) / G + eps)
-    h = _round_to(tl.reshape(xf * inv[:, :, None], [BLOCK_M, BLOCK_K]), dtype, INTERPRET_BF16)
-    h = _round_to(norm_w.to(tl.float32)[None, :] * h, dtype, INTERPRET_BF16)
-    return _round_to(h * act, dtype, INTERPRET_BF16)
-
-
-@triton.jit
 def small_linear_kernel(
-    x_ptr, w_ptr, out_ptr, gate_ptr, norm_w_ptr,
+    x_ptr, w_ptr, out_ptr,
     M, N, K, k_span,
-    s_xm, s_wn, s_gm, eps,
+    s_xm, s_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-    NORM_GROUP: tl.constexpr = 0, INTERPRET_BF16_X: tl.constexpr = False,
 ):
     pdl_enter(USE_PDL)
     i_n = tl.program_id(0)
@@ -74,19 +51,12 @@ def small_linear_kernel(
     # N x the row stride may pass 2**31 elements (a wide weight, or a slice of a wider fused buffer)
     x_base = x_ptr + rows[:, None].to(tl.int64) * s_xm
     w_base = w_ptr + cols[:, None].to(tl.int64) * s_wn
-    g_base = gate_ptr + rows[:, None].to(tl.int64) * s_gm
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_lo + k_span, BLOCK_K):
         ck = k0 + tl.arange(0, BLOCK_K)
         k_ok = ck < K
         x = tl.load(x_base + ck[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
         w = tl.load(w_base + ck[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
-        if NORM_GROUP > 0:
-            # masked rows and columns load zeros and normalise to zeros (eps > 0)
-            act = tl.load(g_base + ck[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            norm_w = tl.load(norm_w_ptr + ck % NORM_GROUP, mask=k_ok, other=0.0)
-            x = _gated_rmsnorm(x, act, norm_w, eps, BLOCK_M, BLOCK_K, NORM_GROUP, x_ptr.dtype.element_ty,
-                               INTERPRET_BF16_X).to(x_ptr.dtype.element_ty)
         # the interpreter multiplies 16-bit dot operands as raw bits: upcast there (exact products)
         if UPCAST:
             x = x.to(tl.float32)

@@ -28,22 +28,3 @@ def small_linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int) ->
     parts = [x[:, s * span:(s + 1) * span].float() @ weight[:, s * span:(s + 1) * span].float().T
              for s in range(splits)]
     return torch.stack(parts)
-
-
-def gated_rmsnorm(x: torch.Tensor, act: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' `RMSNormGated` (Qwen3.5/3.6, Qwen3-Next) on groups of `G = norm_weight.shape[0]`
-    columns of `x` `[M, K]`, given its gate activated (`act = silu(gate.float())`, fp32), with its
-    roundings: the fp32 norm rounded to x's dtype, times the weight (in that dtype), times `act`,
-    rounded to x's dtype."""
-    G = norm_weight.shape[0]
-    h = x.float().unflatten(-1, (-1, G))
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    h = norm_weight * h.to(x.dtype)
-    h = h * act.unflatten(-1, (-1, G))
-    return h.to(x.dtype).flatten(-2)
-
-
-def gated_norm_linear_partials(x: torch.Tensor, act: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
-                               splits: int, eps: float) -> torch.Tensor:
-    """`small_linear_partials` of `gated_rmsnorm(x, act, norm_weight, eps)`."""
-    return small_linear_partials(gated_rmsnorm(x, act, norm_weight, eps), weight, splits)

@@ -18,7 +18,7 @@ from hybridspec.ops import linear as linear_ops
 from hybridspec.ops import moe as moe_ops
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
-from hybridspec.split_projection import split_gated_out_projection, split_in_gemm, split_out_projection
+from hybridspec.split_projection import split_in_gemm, split_out_projection
 from hybridspec.state import GDNSlot
 
 
@@ -43,17 +43,12 @@ def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
-def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None, gated_norms: tuple) -> torch.Tensor:
-    """GDN verify of one layer (`mixed` `[B, w, C]`: the conv's q, k and v side by side, `z`
-    `[B, w, HV, V]` the norm's gate) into the round's factor buffers, then the gated norm and
-    out_proj: one launch (`split_gated_out_projection`) where the norm is one of `gated_norms` (the
-    family's `RMSNormGated`)."""
+def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
+    """GDN verify of one layer (`mixed` `[B, w, C]`: the conv's q, k and v side by side) into the
+    round's factor buffers, then the gated norm and out_proj."""
     B, w = mixed.shape[:2]
     o, _ = gdn_verify_packed(mixed, g, beta, slot.state, num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim,
                              head_v_dim=mod.head_v_dim, num_tokens=num_tokens, factors_out=slot.factors)
-    fused = split_gated_out_projection(mod.norm, mod.out_proj, o, z, gated_norms)
-    if fused is not None:
-        return fused
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
     out = split_out_projection(mod.out_proj, o)
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)

@@ -18,8 +18,6 @@ GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 apply_rope = modeling.apply_rotary_pos_emb
 # the sparse MoE block's router: `F.linear(x, weight)`, then softmax, top-k, renormalised
 ROUTERS = (modeling.Qwen3_5MoeTopKRouter,)
-# the GDN mixer's gated norm, whose forward `gated_norm_linear_partials` computes
-GATED_NORMS = (modeling.Qwen3_5MoeRMSNormGated,)
 
 
 def router_normalizes(router) -> bool:
@@ -54,4 +52,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     z = z.reshape(B, w, -1, mod.head_v_dim)
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, GATED_NORMS)
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens)

@@ -18,8 +18,6 @@ GDN_PROJECTIONS = ("in_proj_qkvz", "in_proj_ba")
 apply_rope = modeling.apply_rotary_pos_emb
 # the sparse MoE block's router: `F.linear(x, weight)`, then softmax, top-k, renormalised per config
 ROUTERS = (modeling.Qwen3NextTopKRouter,)
-# the GDN mixer's gated norm, whose forward `gated_norm_linear_partials` computes
-GATED_NORMS = (modeling.Qwen3NextRMSNormGated,)
 
 
 def router_normalizes(router) -> bool:
@@ -51,4 +49,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     mixed = conv_verify(mod, mixed, slot).transpose(1, 2).contiguous()
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, GATED_NORMS)
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens)

@@ -276,10 +276,8 @@ def test_partials_real_shapes(M, dtype):
     assert_rel(got.sum(0).to(dtype), F.linear(x, w), TOL[dtype], "vs F.linear")
 
 
-# the path without either split (both on by default), the baseline of the split tests; the GDN
-# mixers' gated norms as their modules, so every output projection is a `small_linear_partials`
-# (the norm inside it: tests/ops/test_norm_linear.py)
-UNSPLIT = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=1, in_split_k=1, gated_out=0)
+# the path without either split (both on by default), the baseline of the split tests
+UNSPLIT = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=1, in_split_k=1)
 
 
 @pytest.mark.parametrize("split", ["out", "router", "in"])
@@ -307,7 +305,7 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
         config = replace(UNSPLIT, **{f"{split}_split_k": 4})
         launch, layers = "small_linear_partials", family.text_config(model).num_hidden_layers
     else:
-        config, launch = replace(UNSPLIT, router_split_k=4), "route_topk_partials"
+        config, launch = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=4, in_split_k=1), "route_topk_partials"
         layers = sum(is_sparse_moe(layer.mlp) for layer in family.text_model(model).layers)
         assert layers >= 2
     g = torch.Generator().manual_seed(15)
