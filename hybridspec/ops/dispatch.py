@@ -51,10 +51,10 @@ def pdl_launch(on: bool) -> dict:
 # (docs/benchmarks.md, "Launch overlap"): horizontal fusion of independent kernels (the conv with
 # the gates, the q and k norms) and programmatic dependent launch of inductor's kernels (they wait
 # for the kernel before them, as ours do: hybridspec/ops/pdl_triton.py) each took 0.25-0.3 ms off.
-# HYBRIDSPEC_PDL=0 turns inductor's PDL off with ours. Coordinate-descent tuning of inductor's own
-# kernels' launch settings (the norms, the conv and gates, the residual adds): AR step 3.323 against
-# 3.382 ms on an H100 (docs/benchmarks.md, "Inductor's coordinate-descent tuning"), at about 13 s more
-# compile time. A setting this torch lacks is left out.
+# HYBRIDSPEC_PDL=0 turns inductor's PDL off with ours. Coordinate-descent tuning of the launch
+# settings of inductor's own kernels (the norms, the conv and gates, the residual adds): AR step
+# 3.323 against 3.382 ms and 3.298 against 3.395 on two H100s, about 13-25 s more compile time the
+# first time (docs/benchmarks.md, 2026-12-06). A setting this torch lacks is left out.
 LAYER_OPTIONS: dict = {"combo_kernels": True, "triton.enable_pdl": True, "coordinate_descent_tuning": True}
 
 
