@@ -30,12 +30,13 @@ Side by side in one run:
    waiting), with the replay drafter (simulated acceptance) at w = 16.
 
     python benchmarks/bench_runner.py [--out bench_out/runner] [--prompt 512] [--new 256] [--skip-hf]
-    python benchmarks/bench_runner.py --skip-hf --only-ar --inductor combo_kernels=0   # an inductor setting's effect
+    python benchmarks/bench_runner.py --skip-hf --only-ar --inductor coordinate_descent_tuning=0   # an inductor setting's effect
     HYBRIDSPEC_PDL=0 python benchmarks/bench_runner.py ...   # without programmatic dependent launch
     python benchmarks/bench_runner.py --skip-hf --only-ar --linear block_n=32   # small_linear's tiles
     python benchmarks/bench_runner.py --skip-hf --only-ar --linear out_split_k=4   # split-K output projections
     python benchmarks/bench_runner.py --skip-hf --only-ar --ar-linear 'out_split_k=4;router_split_k=4'   # each in one process
     python benchmarks/bench_runner.py --skip-hf --only-ar --ar-moe 'gate_up_block_i=32;down_block_h=32'   # MoE tiles, likewise
+    python benchmarks/bench_runner.py --skip-hf --only-ar --ar-gdn 'BV=64;num_warps=8'   # the GDN verify kernel's, likewise
     python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
     python benchmarks/bench_runner.py --skip-hf --only-round-kernels   # every kernel of one whole round, w = 1 and 16
     python benchmarks/bench_runner.py --split-batch 4   # the per-part split of a batched round (B = 4)
