@@ -19,7 +19,8 @@ same function.
 at the 35B-A3B shape) into 97 tiles of 128 rows, fewer than the H200's 132 SMs (16.3 us against an
 11.9 us bound at one row); split K ways, the sum fuses into the conv, gates and norm that read it.
 Measured on the H200 (`benchmarks/bench_runner.py --ar-linear "in_split_k=2;in_split_k=4"`, 2026-12-06):
-the AR step took 3.233 and 3.420 ms against 3.090 with cuBLAS, so it stays off.
+the AR step took 3.233 and 3.420 ms against 3.090 with cuBLAS (one process; two since-removed
+experiments were on in every row), so it stays off.
 """
 
 from __future__ import annotations
