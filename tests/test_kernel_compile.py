@@ -64,6 +64,11 @@ def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
                  fp32_pointers=("y_ptr",))
 
 
+# the kernels that can ask for weights in L2 (hybridspec/ops/prefetch_triton.py), with that off
+NO_PREFETCH = dict(NUM_PF=0, PF_MODE=1, PF_THREADS=128)
+PREFETCH_POINTERS = {"pf0_ptr": "*bf16", "pf1_ptr": "*bf16", "pf2_ptr": "*bf16"}
+
+
 # every other kernel in the runner's form, programmatic dependent launch on (hybridspec/ops/pdl_triton.py)
 def test_the_other_kernels_compile_for_sm90_with_pdl():
     from hybridspec.ops import attention_triton, gdn_commit_triton, gdn_verify_triton, linear_triton, lm_head_triton, route_triton
@@ -81,12 +86,13 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=1024, K=1024, KP=1024, NORMALIZE=True,
                                                                   INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=2),
-        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True),
+        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True,
+                                                                       **NO_PREFETCH),
                      types={"scale": "fp32"}),
         compile_sm90(gdn_commit_triton.gdn_commit_kernel, "fp32", dict(gdn, BV=32), types={"num_commit_ptr": "*i64"}),
         compile_sm90(attention_triton.decode_attention_split_kernel, "bf16",
                      dict(W=16, G=8, HKV=2, D=256, DP=256, BM=16, BN=64, SPLITS=8, HAS_START=True, CAUSAL=True,
-                          PRECISION="tf32", UPCAST=False, ROUND_BF16=False, **pdl),
+                          PRECISION="tf32", UPCAST=False, ROUND_BF16=False, **pdl, **NO_PREFETCH),
                      fp32_pointers=("o_ptr", "lse_ptr"), types={**lengths, "scale_log2": "fp32"}),
         compile_sm90(attention_triton.decode_attention_combine_kernel, "bf16",
                      dict(W=16, G=8, HKV=2, D=256, DP=256, BN=64, SPLITS=8, CS=8, HAS_GATE=True, ROUND_BF16=False, **pdl),
@@ -139,3 +145,29 @@ def test_the_hosts_gate_up_tiles_fit_sm90_shared_memory(dtype, rows):
     assert kernel.metadata.shared <= SM90_SMEM, (bn, bk, bk_wide, kernel.metadata.shared)
     # 16-bit tiles are the sweeps' choice, untouched; fp32 halves the H chunk
     assert (bk, bk_wide) == ((256, 128) if dtype == "bf16" else (128, 128))
+
+
+@pytest.mark.parametrize("mode, instruction", [(1, "cp.async.bulk.prefetch.L2.global"), (2, "prefetch.global.L2")])
+def test_weight_prefetch_compiles_before_the_pdl_wait(mode, instruction):
+    """With three regions the verify and split-attention kernels ask L2 for each once per thread,
+    before their PDL wait; with none, no prefetch instruction is emitted."""
+    from hybridspec.ops import attention_triton, gdn_verify_triton
+
+    gdn = dict(HK=16, HV=32, K=128, V=128, BT=16, BV=32, BK=64, PRECISION="ieee", USE_PDL=True, HAS_NUM_TOKENS=True,
+               USE_L2NORM=True)
+    attn = dict(W=16, G=8, HKV=2, D=256, DP=256, BM=16, BN=64, SPLITS=8, HAS_START=True, CAUSAL=True,
+                PRECISION="tf32", UPCAST=False, ROUND_BF16=False, USE_PDL=True)
+    lengths = {"len_ptr": "*i64", "start_ptr": "*i64", "scale_log2": "fp32"}
+
+    def both(pf):
+        return [compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", {**gdn, **pf},
+                             types={"scale": "fp32", **PREFETCH_POINTERS}).asm["ptx"],
+                compile_sm90(attention_triton.decode_attention_split_kernel, "bf16", {**attn, **pf},
+                             fp32_pointers=("o_ptr", "lse_ptr"), types={**lengths, **PREFETCH_POINTERS},
+                             num_warps=8).asm["ptx"]]
+
+    for ptx in both(dict(NUM_PF=3, PF_MODE=mode, PF_THREADS=128)):
+        assert ptx.count(instruction) == 3
+        assert ptx.index(instruction) < ptx.index("griddepcontrol.wait")
+    for ptx in both(NO_PREFETCH):
+        assert "prefetch" not in ptx

@@ -43,25 +43,28 @@ def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
-def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
+def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None, prefetch=()) -> torch.Tensor:
     """GDN verify of one layer (`mixed` `[B, w, C]`: the conv's q, k and v side by side) into the
-    round's factor buffers, then the gated norm and out_proj."""
+    round's factor buffers, then the gated norm and out_proj. `prefetch`: the weights the layer
+    reads after the verify kernel (`weights_after_mixer`), which it asks into L2."""
     B, w = mixed.shape[:2]
     o, _ = gdn_verify_packed(mixed, g, beta, slot.state, num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim,
-                             head_v_dim=mod.head_v_dim, num_tokens=num_tokens, factors_out=slot.factors)
+                             head_v_dim=mod.head_v_dim, num_tokens=num_tokens, factors_out=slot.factors,
+                             prefetch=prefetch)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
     out = split_out_projection(mod.out_proj, o)
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)
 
 
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start, pad,
-                     apply_rope) -> torch.Tensor:
+                     apply_rope, prefetch=()) -> torch.Tensor:
     """Gated attention of w new tokens against one layer's KV buffers `[B, Hkv, rows, D]`: write each
     row's w new keys/values at its committed length `start` `[B]` (a device tensor), then attend with
     `hybridspec.ops.decode_attention`, which reads only the positions below `start_b + w` and masks
     those before `pad_b` (each row's left padding) (the Triton kernels on CUDA, the fp32 naive twin
     on CPU) and applies the output gate. Under tensor parallelism the heads, and so the KV buffers,
-    are this rank's; o_proj sums the ranks' partial products."""
+    are this rank's; o_proj sums the ranks' partial products. `prefetch`: the weights the layer
+    reads after the attention (`weights_after_mixer`), which its kernel asks into L2."""
     B, w, _ = x.shape
     hidden_shape = (B, w, -1, mod.head_dim)
     linears = (mod.q_proj, mod.k_proj, mod.v_proj)
@@ -81,10 +84,26 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     keys[batch, :, rows] = k.transpose(1, 2)  # [B, w, Hkv, D]
     values[batch, :, rows] = v.transpose(1, 2)
     out = decode_attention(q.transpose(1, 2), keys, values, start, scale=mod.scaling, gate=gate,
-                           starts=pad)  # [B, w, Hq, D]
+                           starts=pad, prefetch=prefetch)  # [B, w, Hq, D]
     out = out.reshape(B, w, -1)
     projected = split_out_projection(mod.o_proj, out)
     return projected if projected is not None else parallel.row(mod.o_proj, out)
+
+
+def weights_after_mixer(out_proj, mlp) -> list[torch.Tensor]:
+    """What a decoder layer reads from DRAM after its mixer's latency-bound kernel (the GDN verify,
+    the decode attention), in reading order: the mixer's output projection, then the sparse MoE
+    block's fused weight (router, shared expert's gate, and its gate and up projections) and the
+    shared expert's down projection. Each where it is a plain unsharded weight; the experts the
+    router picks are not known yet."""
+    regions = [out_proj.weight] if plain_unsharded(out_proj) else []
+    if is_sparse_moe(mlp):
+        stacked = fused_weight(mlp, "moe")
+        if stacked is not None:
+            regions.append(stacked)
+        if plain_unsharded(mlp.shared_expert.down_proj):
+            regions.append(mlp.shared_expert.down_proj.weight)
+    return regions
 
 
 def is_sparse_moe(mlp) -> bool:

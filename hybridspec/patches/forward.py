@@ -8,7 +8,8 @@ import torch
 
 from hybridspec import parallel
 from hybridspec.ops import GDNFactors
-from hybridspec.patches.common import attention_verify, is_sparse_moe, moe_apply, moe_verify, route
+from hybridspec.patches.common import (attention_verify, is_sparse_moe, moe_apply, moe_verify, route,
+                                       weights_after_mixer)
 from hybridspec.state import MAX_VERIFY, GDNSlot, HybridState
 
 
@@ -155,7 +156,8 @@ def _check_length(input_ids: torch.Tensor) -> None:
 def gdn_block(family, layer, h: torch.Tensor, x: torch.Tensor, next_norm, slot: GDNSlot, num_tokens,
               routing=None) -> tuple[torch.Tensor, torch.Tensor]:
     """One GDN decoder layer of a verified block: mixer and MoE with their residuals."""
-    h = h + family.gdn_verify_layer(layer.linear_attn, x, slot, num_tokens)
+    mod = layer.linear_attn
+    h = h + family.gdn_verify_layer(mod, x, slot, num_tokens, prefetch=weights_after_mixer(mod.out_proj, layer.mlp))
     h = h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
     return h, next_norm(h)
 
@@ -163,7 +165,9 @@ def gdn_block(family, layer, h: torch.Tensor, x: torch.Tensor, next_norm, slot: 
 def attention_block(family, layer, h: torch.Tensor, x: torch.Tensor, next_norm, cos_sin, keys, values, length,
                     pad, num_tokens, routing=None) -> tuple[torch.Tensor, torch.Tensor]:
     """One attention decoder layer of a verified block (`gdn_block` says what `x` and `next_norm` are)."""
-    h = h + attention_verify(layer.self_attn, x, cos_sin, keys, values, length, pad, family.apply_rope)
+    mod = layer.self_attn
+    h = h + attention_verify(mod, x, cos_sin, keys, values, length, pad, family.apply_rope,
+                             prefetch=weights_after_mixer(mod.o_proj, layer.mlp))
     h = h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
     return h, next_norm(h)
 

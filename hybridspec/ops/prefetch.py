@@ -1,0 +1,56 @@
+"""Which weights a latency-bound kernel asks into L2 (hybridspec/ops/prefetch_triton.py), and the
+kernel arguments that carry them.
+
+An op that takes `prefetch` (a list of tensors: `gdn_verify_packed`, `decode_attention`) hands its
+kernel up to `MAX_REGIONS` of them; the model code names the weights its layer reads next. Whether
+the kernel asks for them is `KERNEL_CONFIG.mode`, read at launch (so a captured graph keeps the mode
+it was captured under). Off where the kernel would not take it: no sm90 GPU, the interpreter, a
+region not 16-byte aligned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybridspec.ops.checks import check
+from hybridspec.ops.dispatch import TRITON_INTERPRET
+
+MAX_REGIONS = 3
+
+
+@dataclass
+class PrefetchConfig:
+    """`mode` 0: off; 1: bulk prefetch (one `cp.async.bulk.prefetch.L2` per thread); 2: one
+    `prefetch.global.L2` per 128-byte line."""
+
+    mode: int = 0
+
+
+KERNEL_CONFIG = PrefetchConfig()
+
+
+def prefetch_args(regions, ref: torch.Tensor, num_warps: int) -> dict:
+    """The kernel arguments `pf{i}_ptr`, `pf{i}_bytes`, `NUM_PF`, `PF_MODE`, `PF_THREADS` for
+    `regions` (at most `MAX_REGIONS` tensors, each read whole from its first element: contiguous),
+    for a kernel of `num_warps` warps launched for `ref`'s device; `NUM_PF` 0 where the mode is off
+    or the kernel would not take them."""
+    mode = KERNEL_CONFIG.mode
+    usable = [] if not mode or TRITON_INTERPRET or not ref.is_cuda or torch.cuda.get_device_capability(ref.device)[0] < 9 \
+        else [t for t in regions if t.is_cuda and t.device == ref.device and t.is_contiguous() and t.data_ptr() % 16 == 0]
+    usable = usable[:MAX_REGIONS]
+    args = {"NUM_PF": len(usable), "PF_MODE": mode or 1, "PF_THREADS": 32 * num_warps}
+    for i in range(MAX_REGIONS):
+        t = usable[i] if i < len(usable) else ref
+        args[f"pf{i}_ptr"] = t
+        args[f"pf{i}_bytes"] = t.numel() * t.element_size() if i < len(usable) else 0
+    return args
+
+
+def checked_regions(prefetch) -> list[torch.Tensor]:
+    """An op wrapper's `prefetch` argument as the op's list, checked: at most `MAX_REGIONS` tensors."""
+    prefetch = list(prefetch)
+    check(len(prefetch) <= MAX_REGIONS and all(isinstance(t, torch.Tensor) for t in prefetch),
+          f"prefetch takes at most {MAX_REGIONS} tensors, got {[type(t).__name__ for t in prefetch]}")
+    return prefetch
