@@ -69,7 +69,7 @@ from hybridspec.policy import FixedPolicy, default_policy  # noqa: E402
 from hybridspec.round.stopping import HostStopping  # noqa: E402
 from hybridspec.tiny import tiny_drafter, tiny_target  # noqa: E402
 from hybridspec.ops.routing import distinct_prefix_counts  # noqa: E402
-from hybridspec.patches.common import attention_verify, moe_verify, weights_after_mixer  # noqa: E402
+from hybridspec.patches.common import attention_verify, moe_verify, weights_after_mixer, weights_ahead  # noqa: E402
 from hybridspec.cache import compiled_once  # noqa: E402
 from hybridspec.ops.dispatch import layer_options  # noqa: E402
 from hybridspec.patches.forward import EAGER, Blocks, load_prefill, stage0, verify_forward  # noqa: E402
@@ -349,7 +349,7 @@ def split_parts(model, drafter, prompt, compile_layers: bool):
 
     def moe():
         for i, layer in enumerate(layers):
-            moe_block(family, layer.mlp, moe_in[i], None, num)
+            moe_block(family, layer.mlp, moe_in[i], None, num, weights_ahead(family, model, i))
 
     target = runner.target
     final = text.norm(mixer_in[len(layers) - 1])  # a [B, 16, H] hidden state of the right scale

@@ -51,7 +51,8 @@ def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_war
                                                       ("bf16", False, False, 16), ("fp32", False, False, 16),
                                                       ("bf16", True, True, 64), ("fp32", False, False, 64)])
 def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
-    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=shared, INTERPRET_BF16=False, USE_PDL=pdl)
+    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=shared, INTERPRET_BF16=False, USE_PDL=pdl,
+                 EVICT="evict_first" if pdl else "")
     prec = dict(PRECISION="ieee" if dtype == "fp32" else "tf32")
     piece = {**SHAPE, "BM": rows, "SP": rows * SHAPE["K"], "RB": 16, "GATHER": rows > 16}
     dims = {k: piece[k] for k in ("H", "I", "K", "BM", "KP", "SP", "RB", "GATHER")}
@@ -60,7 +61,8 @@ def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
                                                         "WRITE_ZEROS": rows > 16, "ZB": 256})
     compile_sm90(moe_triton.moe_down_kernel, dtype, {**dims, **flags, **prec, "BN": 64, "BK": 128, "WRITE_ALL": True},
                  fp32_pointers=("y_ptr",), num_warps=2)
-    compile_sm90(moe_triton.moe_reduce_kernel, dtype, {"H": 2048, "K": 8, "BN": 1024, **flags},
+    reduce_flags = {k: v for k, v in flags.items() if k != "EVICT"}
+    compile_sm90(moe_triton.moe_reduce_kernel, dtype, {"H": 2048, "K": 8, "BN": 1024, **reduce_flags},
                  fp32_pointers=("y_ptr",))
 
 
@@ -78,7 +80,8 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     lengths = {"len_ptr": "*i64", "start_ptr": "*i64"}
     kernels = [
         compile_sm90(linear_triton.small_linear_kernel, "bf16",
-                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl)),
+                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl,
+                          **NO_PREFETCH)),
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, K=8, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=1),
         route_partials_sm90(),
@@ -137,7 +140,7 @@ def test_the_hosts_gate_up_tiles_fit_sm90_shared_memory(dtype, rows):
     from hybridspec.ops.moe import KERNEL_CONFIG, gate_up_blocks
 
     bn, bk, bk_wide = gate_up_blocks(KERNEL_CONFIG, SHAPE["H"], SHAPE["I"], rows, 4 if dtype == "fp32" else 2)
-    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=True, INTERPRET_BF16=False, USE_PDL=True,
+    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=True, INTERPRET_BF16=False, USE_PDL=True, EVICT="",
                  PRECISION="ieee" if dtype == "fp32" else "tf32")
     piece = {**SHAPE, "BM": rows, "SP": rows * SHAPE["K"], "RB": 16, "GATHER": rows > 16}
     kernel = compile_sm90(moe_triton.moe_gate_up_kernel, dtype, {**piece, **flags, "BN": bn, "BK": bk, "BK_WIDE": bk_wide,

@@ -23,20 +23,28 @@ MAX_REGIONS = 3
 @dataclass
 class PrefetchConfig:
     """`mode` 0: off; 1: bulk prefetch (one `cp.async.bulk.prefetch.L2` per thread); 2: one
-    `prefetch.global.L2` per 128-byte line."""
+    `prefetch.global.L2` per 128-byte line. `ahead_mb`: the MoE router's kernel asks for the first
+    this many MiB of the next layer's input projection (0: not), in `mode` (1 where mode is 0).
+    `experts_evict_first`: the experts op loads its weights with L2's evict-first policy, so that
+    its ~50 MB stream does not push out what was asked for ahead."""
 
     mode: int = 0
+    ahead_mb: int = 0
+    experts_evict_first: int = 0
 
 
 KERNEL_CONFIG = PrefetchConfig()
 
 
-def prefetch_args(regions, ref: torch.Tensor, num_warps: int) -> dict:
+def prefetch_args(regions, ref: torch.Tensor, num_warps: int, ahead: bool = False) -> dict:
     """The kernel arguments `pf{i}_ptr`, `pf{i}_bytes`, `NUM_PF`, `PF_MODE`, `PF_THREADS` for
     `regions` (at most `MAX_REGIONS` tensors, each read whole from its first element: contiguous),
     for a kernel of `num_warps` warps launched for `ref`'s device; `NUM_PF` 0 where the mode is off
-    or the kernel would not take them."""
-    mode = KERNEL_CONFIG.mode
+    or the kernel would not take them. `ahead`: regions read a layer later, asked for up to
+    `ahead_mb` MiB each, and only where that is on."""
+    cfg = KERNEL_CONFIG
+    mode = (cfg.mode or 1) if ahead and cfg.ahead_mb > 0 else (0 if ahead else cfg.mode)
+    limit = cfg.ahead_mb << 20 if ahead else None
     usable = [] if not mode or TRITON_INTERPRET or not ref.is_cuda or torch.cuda.get_device_capability(ref.device)[0] < 9 \
         else [t for t in regions if t.is_cuda and t.device == ref.device and t.is_contiguous() and t.data_ptr() % 16 == 0]
     usable = usable[:MAX_REGIONS]
@@ -44,7 +52,8 @@ def prefetch_args(regions, ref: torch.Tensor, num_warps: int) -> dict:
     for i in range(MAX_REGIONS):
         t = usable[i] if i < len(usable) else ref
         args[f"pf{i}_ptr"] = t
-        args[f"pf{i}_bytes"] = t.numel() * t.element_size() if i < len(usable) else 0
+        size = t.numel() * t.element_size() if i < len(usable) else 0
+        args[f"pf{i}_bytes"] = size if limit is None else min(size, limit)
     return args
 
 

@@ -106,6 +106,22 @@ def weights_after_mixer(out_proj, mlp) -> list[torch.Tensor]:
     return regions
 
 
+def weights_ahead(family, model, i: int) -> list[torch.Tensor]:
+    """What the step reads from DRAM first after decoder layer i: layer i + 1's fused input
+    projection (GDN `in`, attention `qkv`), or after the last layer the LM head's weight; none where
+    that is not one plain tensor. The MoE block's router kernel asks for its first
+    `PrefetchConfig.ahead_mb` MiB (`split_route`)."""
+    text = family.text_model(model)
+    if i + 1 == len(text.layers):
+        head = model.get_output_embeddings()
+        return [head.weight] if head is not None and type(head.weight) in (torch.Tensor, nn.Parameter) else []
+    layer = text.layers[i + 1]
+    gdn = family.text_config(model).layer_types[i + 1] == "linear_attention"
+    mixer, group = (layer.linear_attn, "in") if gdn else (layer.self_attn, "qkv")
+    stacked = fused_weight(mixer, group)
+    return [stacked] if stacked is not None else []
+
+
 def is_sparse_moe(mlp) -> bool:
     return hasattr(mlp, "gate") and hasattr(mlp, "experts") and hasattr(mlp, "shared_expert")
 
@@ -133,7 +149,7 @@ def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> t
     return ids.view(B, w, -1), weights.view(B, w, -1)
 
 
-def split_route(family, mlp, x: torch.Tensor, take: int | None) -> tuple | None:
+def split_route(family, mlp, x: torch.Tensor, take: int | None, ahead=()) -> tuple | None:
     """The block's router on `[B, w, H]` with its GEMM as `LinearKernelConfig.router_split_k` split-K
     partial sums over its fused rows (`fused_rows(..., take=take)`: the router's, then the rows fused
     after it), routed by `route_topk_partials`, which adds them: `(ids, weights, rest)`, ids and
@@ -141,7 +157,9 @@ def split_route(family, mlp, x: torch.Tensor, take: int | None) -> tuple | None:
     same sums). The router's GEMM then spreads over
     `router_split_k` times as many programs, and the reduction costs no launch. None where that is off
     (`router_split_k` 1), the block is not fused, the router is not one the family knows, or the
-    kernels would not take the inputs (no kernel device, an autograd graph, more than 64 rows)."""
+    kernels would not take the inputs (no kernel device, an autograd graph, more than 64 rows).
+    `ahead`: weights the step reads after this block (`weights_ahead`), which the GEMM's kernel asks
+    into L2 while the router's tail runs."""
     splits = linear_ops.KERNEL_CONFIG.router_split_k
     if splits <= 1 or type(mlp.gate) not in family.ROUTERS:
         return None
@@ -153,7 +171,7 @@ def split_route(family, mlp, x: torch.Tensor, take: int | None) -> tuple | None:
     flat = x.reshape(-1, H)
     if sizes[0] > MAX_EXPERTS or not fits(flat, weight):
         return None
-    partials = small_linear_partials(flat, weight, splits)
+    partials = small_linear_partials(flat, weight, splits, prefetch=ahead)
     weights, ids, rest = route_topk_partials(partials, sizes[0], mlp.gate.top_k,
                                              normalize=family.router_normalizes(mlp.gate), dtype=x.dtype)
     return ids.view(B, w, -1), weights.view(B, w, -1), list(rest.split(sizes[1:], dim=-1)[:-1])
@@ -316,18 +334,18 @@ def dense_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
 
 
 def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
-               num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+               num_tokens: torch.Tensor | None = None, ahead=()) -> torch.Tensor:
     """The MoE block of a verified block; a sparse block appends its expert ids `[B, w, k]` to
     `routing` when given. Dense MLP layers run as they are. Where the block's linears are fused, the
     router and the shared expert's gate are one GEMM (with the shared expert's projections where the
-    experts op does not run it)."""
+    experts op does not run it). `ahead`: the weights the step reads after the block (`split_route`)."""
     if not is_sparse_moe(mlp):
         return dense_mlp(mlp, x)
     # the router and the shared expert's gate; the shared expert's projections too where the
     # experts op does not run it
     ninth = shared_as_expert(mlp)
     take = None if ninth is None else 2
-    split = split_route(family, mlp, x, take)
+    split = split_route(family, mlp, x, take, ahead)
     if split is not None:
         ids, weights, shared_in = split
     else:
