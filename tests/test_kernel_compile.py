@@ -67,7 +67,7 @@ def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
 
 
 # the kernels that can ask for weights in L2 (hybridspec/ops/prefetch_triton.py), with that off
-NO_PREFETCH = dict(NUM_PF=0, PF_MODE=1, PF_THREADS=128)
+NO_PREFETCH = dict(NUM_PF=0, PF_MODE=1, PF_THREADS=128, PF_AT_END=False)
 PREFETCH_POINTERS = {"pf0_ptr": "*bf16", "pf1_ptr": "*bf16", "pf2_ptr": "*bf16"}
 
 
@@ -169,7 +169,7 @@ def test_weight_prefetch_compiles_before_the_pdl_wait(mode, instruction):
                              fp32_pointers=("o_ptr", "lse_ptr"), types={**lengths, **PREFETCH_POINTERS},
                              num_warps=8).asm["ptx"]]
 
-    for ptx in both(dict(NUM_PF=3, PF_MODE=mode, PF_THREADS=128)):
+    for ptx in both(dict(NUM_PF=3, PF_MODE=mode, PF_THREADS=128, PF_AT_END=False)):
         assert ptx.count(instruction) == 3
         assert ptx.index(instruction) < ptx.index("griddepcontrol.wait")
     for ptx in both(NO_PREFETCH):

@@ -39,7 +39,7 @@ def small_linear_kernel(
     pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-    NUM_PF: tl.constexpr, PF_MODE: tl.constexpr, PF_THREADS: tl.constexpr,
+    NUM_PF: tl.constexpr, PF_MODE: tl.constexpr, PF_THREADS: tl.constexpr, PF_AT_END: tl.constexpr,
 ):
     # weights read later in the step, asked into L2 (hybridspec/ops/prefetch_triton.py)
     prefetch_weights(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes, NUM_PF, PF_THREADS, PF_MODE)

@@ -31,6 +31,10 @@ class PrefetchConfig:
     mode: int = 0
     ahead_mb: int = 0
     experts_evict_first: int = 0
+    # 1: the verify and attention kernels ask after their own work instead of before it
+    at_end: int = 0
+    # at most this many of the regions an op is given
+    regions: int = MAX_REGIONS
 
 
 KERNEL_CONFIG = PrefetchConfig()
@@ -47,8 +51,9 @@ def prefetch_args(regions, ref: torch.Tensor, num_warps: int, ahead: bool = Fals
     limit = cfg.ahead_mb << 20 if ahead else None
     usable = [] if not mode or TRITON_INTERPRET or not ref.is_cuda or torch.cuda.get_device_capability(ref.device)[0] < 9 \
         else [t for t in regions if t.is_cuda and t.device == ref.device and t.is_contiguous() and t.data_ptr() % 16 == 0]
-    usable = usable[:MAX_REGIONS]
-    args = {"NUM_PF": len(usable), "PF_MODE": mode or 1, "PF_THREADS": 32 * num_warps}
+    usable = usable[:min(MAX_REGIONS, cfg.regions)]
+    args = {"NUM_PF": len(usable), "PF_MODE": mode or 1, "PF_THREADS": 32 * num_warps,
+            "PF_AT_END": bool(cfg.at_end) and not ahead}
     for i in range(MAX_REGIONS):
         t = usable[i] if i < len(usable) else ref
         args[f"pf{i}_ptr"] = t
