@@ -69,7 +69,7 @@ from hybridspec.policy import FixedPolicy, default_policy  # noqa: E402
 from hybridspec.round.stopping import HostStopping  # noqa: E402
 from hybridspec.tiny import tiny_drafter, tiny_target  # noqa: E402
 from hybridspec.ops.routing import distinct_prefix_counts  # noqa: E402
-from hybridspec.patches.common import attention_verify, moe_verify, weights_after_mixer, weights_ahead  # noqa: E402
+from hybridspec.patches.common import attention_verify, moe_verify  # noqa: E402
 from hybridspec.cache import compiled_once  # noqa: E402
 from hybridspec.ops.dispatch import layer_options  # noqa: E402
 from hybridspec.patches.forward import EAGER, Blocks, load_prefill, stage0, verify_forward  # noqa: E402
@@ -335,21 +335,19 @@ def split_parts(model, drafter, prompt, compile_layers: bool):
     compiled = (lambda fn: torch.compile(fn, dynamic=False, options=layer_options())) if compile_layers else (lambda fn: fn)
     gdn_mixer, attention_mixer, moe_block = (compiled(fn) for fn in (family.gdn_verify_layer, attention_verify, moe_verify))
 
-    # each mixer asks L2 for the weights after it as the decoder layer does (`weights_after_mixer`)
     def gdn():
         for i in state.gdn_layers:
-            mod = layers[i].linear_attn
-            gdn_mixer(mod, mixer_in[i], state.gdn(i, W), num, weights_after_mixer(mod.out_proj, layers[i].mlp))
+            gdn_mixer(layers[i].linear_attn, mixer_in[i], state.gdn(i, W), num)
 
     def attention():
         for i in state.attn_layers:
-            ai, mod = state.attn_slot[i], layers[i].self_attn
-            attention_mixer(mod, mixer_in[i], cos_sin, state.keys[ai], state.values[ai], state.length,
-                            state.pad, family.apply_rope, weights_after_mixer(mod.o_proj, layers[i].mlp))
+            ai = state.attn_slot[i]
+            attention_mixer(layers[i].self_attn, mixer_in[i], cos_sin, state.keys[ai], state.values[ai], state.length,
+                            state.pad, family.apply_rope)
 
     def moe():
         for i, layer in enumerate(layers):
-            moe_block(family, layer.mlp, moe_in[i], None, num, weights_ahead(family, model, i))
+            moe_block(family, layer.mlp, moe_in[i], None, num)
 
     target = runner.target
     final = text.norm(mixer_in[len(layers) - 1])  # a [B, 16, H] hidden state of the right scale
@@ -587,9 +585,9 @@ def _assignments(text: str) -> list[tuple[str, str]]:
 def _config_module(kind: str):
     """The module whose `KERNEL_CONFIG` a variant of this kind changes ("gdn": the verify kernel's
     `VERIFY_CONFIG` dict of hybridspec/ops/gdn.py, through `_kernel_config`)."""
-    from hybridspec.ops import gdn, linear, moe, prefetch
+    from hybridspec.ops import gdn, linear, moe
 
-    return {"linear": linear, "moe": moe, "gdn": gdn, "prefetch": prefetch}[kind]
+    return {"linear": linear, "moe": moe, "gdn": gdn}[kind]
 
 
 def _kernel_config(kind: str) -> dict:
@@ -758,9 +756,6 @@ def main() -> None:
     parser.add_argument("--ar-gdn", default="",
                         help="after the AR row (and any --ar-linear and --ar-moe variants), the AR step under each of "
                              "these ';'-separated VERIFY_CONFIG variants, e.g. 'BV=64;num_warps=8'")
-    parser.add_argument("--ar-prefetch", default="",
-                        help="after the AR row (and any variants above), the AR step under each of these ';'-separated "
-                             "PrefetchConfig variants (hybridspec/ops/prefetch.py), e.g. 'mode=0;mode=1;mode=2'")
     args = parser.parse_args()
     if args.split_batch and not 2 <= args.split_batch <= 4:
         raise SystemExit(f"--split-batch must be in 2..4 (the batched round's sizes), got {args.split_batch}")
@@ -771,7 +766,7 @@ def main() -> None:
     linear_cfg = linear_config(args.linear)
     moe_cfg = moe_config(args.moe)
     variants = (config_variants(args.ar_linear, "linear") + config_variants(args.ar_moe, "moe")
-                + config_variants(args.ar_gdn, "gdn") + config_variants(args.ar_prefetch, "prefetch"))
+                + config_variants(args.ar_gdn, "gdn"))
     global COMPILE, FUSED_HEAD
     COMPILE = not args.no_compile
     FUSED_HEAD = args.fused_head

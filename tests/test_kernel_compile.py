@@ -51,8 +51,7 @@ def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_war
                                                       ("bf16", False, False, 16), ("fp32", False, False, 16),
                                                       ("bf16", True, True, 64), ("fp32", False, False, 64)])
 def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
-    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=shared, INTERPRET_BF16=False, USE_PDL=pdl,
-                 EVICT="evict_first" if pdl else "")
+    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=shared, INTERPRET_BF16=False, USE_PDL=pdl)
     prec = dict(PRECISION="ieee" if dtype == "fp32" else "tf32")
     piece = {**SHAPE, "BM": rows, "SP": rows * SHAPE["K"], "RB": 16, "GATHER": rows > 16}
     dims = {k: piece[k] for k in ("H", "I", "K", "BM", "KP", "SP", "RB", "GATHER")}
@@ -61,14 +60,8 @@ def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
                                                         "WRITE_ZEROS": rows > 16, "ZB": 256})
     compile_sm90(moe_triton.moe_down_kernel, dtype, {**dims, **flags, **prec, "BN": 64, "BK": 128, "WRITE_ALL": True},
                  fp32_pointers=("y_ptr",), num_warps=2)
-    reduce_flags = {k: v for k, v in flags.items() if k != "EVICT"}
-    compile_sm90(moe_triton.moe_reduce_kernel, dtype, {"H": 2048, "K": 8, "BN": 1024, **reduce_flags},
+    compile_sm90(moe_triton.moe_reduce_kernel, dtype, {"H": 2048, "K": 8, "BN": 1024, **flags},
                  fp32_pointers=("y_ptr",))
-
-
-# the kernels that can ask for weights in L2 (hybridspec/ops/prefetch_triton.py), with that off
-NO_PREFETCH = dict(NUM_PF=0, PF_MODE=1, PF_THREADS=128, PF_AT_END=False)
-PREFETCH_POINTERS = {"pf0_ptr": "*bf16", "pf1_ptr": "*bf16", "pf2_ptr": "*bf16"}
 
 
 # every other kernel in the runner's form, programmatic dependent launch on (hybridspec/ops/pdl_triton.py)
@@ -80,8 +73,7 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     lengths = {"len_ptr": "*i64", "start_ptr": "*i64"}
     kernels = [
         compile_sm90(linear_triton.small_linear_kernel, "bf16",
-                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl,
-                          **NO_PREFETCH)),
+                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl)),
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, K=8, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=1),
         route_partials_sm90(),
@@ -89,13 +81,12 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=1024, K=1024, KP=1024, NORMALIZE=True,
                                                                   INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=2),
-        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True,
-                                                                       **NO_PREFETCH),
+        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True),
                      types={"scale": "fp32"}),
         compile_sm90(gdn_commit_triton.gdn_commit_kernel, "fp32", dict(gdn, BV=32), types={"num_commit_ptr": "*i64"}),
         compile_sm90(attention_triton.decode_attention_split_kernel, "bf16",
                      dict(W=16, G=8, HKV=2, D=256, DP=256, BM=16, BN=64, SPLITS=8, HAS_START=True, CAUSAL=True,
-                          PRECISION="tf32", UPCAST=False, ROUND_BF16=False, **pdl, **NO_PREFETCH),
+                          PRECISION="tf32", UPCAST=False, ROUND_BF16=False, **pdl),
                      fp32_pointers=("o_ptr", "lse_ptr"), types={**lengths, "scale_log2": "fp32"}),
         compile_sm90(attention_triton.decode_attention_combine_kernel, "bf16",
                      dict(W=16, G=8, HKV=2, D=256, DP=256, BN=64, SPLITS=8, CS=8, HAS_GATE=True, ROUND_BF16=False, **pdl),
@@ -140,7 +131,7 @@ def test_the_hosts_gate_up_tiles_fit_sm90_shared_memory(dtype, rows):
     from hybridspec.ops.moe import KERNEL_CONFIG, gate_up_blocks
 
     bn, bk, bk_wide = gate_up_blocks(KERNEL_CONFIG, SHAPE["H"], SHAPE["I"], rows, 4 if dtype == "fp32" else 2)
-    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=True, INTERPRET_BF16=False, USE_PDL=True, EVICT="",
+    flags = dict(HAS_NUM_TOKENS=rows == 16, HAS_SHARED=True, INTERPRET_BF16=False, USE_PDL=True,
                  PRECISION="ieee" if dtype == "fp32" else "tf32")
     piece = {**SHAPE, "BM": rows, "SP": rows * SHAPE["K"], "RB": 16, "GATHER": rows > 16}
     kernel = compile_sm90(moe_triton.moe_gate_up_kernel, dtype, {**piece, **flags, "BN": bn, "BK": bk, "BK_WIDE": bk_wide,
@@ -148,29 +139,3 @@ def test_the_hosts_gate_up_tiles_fit_sm90_shared_memory(dtype, rows):
     assert kernel.metadata.shared <= SM90_SMEM, (bn, bk, bk_wide, kernel.metadata.shared)
     # 16-bit tiles are the sweeps' choice, untouched; fp32 halves the H chunk
     assert (bk, bk_wide) == ((256, 128) if dtype == "bf16" else (128, 128))
-
-
-@pytest.mark.parametrize("mode, instruction", [(1, "cp.async.bulk.prefetch.L2.global"), (2, "prefetch.global.L2")])
-def test_weight_prefetch_compiles_before_the_pdl_wait(mode, instruction):
-    """With three regions the verify and split-attention kernels ask L2 for each once per thread,
-    before their PDL wait; with none, no prefetch instruction is emitted."""
-    from hybridspec.ops import attention_triton, gdn_verify_triton
-
-    gdn = dict(HK=16, HV=32, K=128, V=128, BT=16, BV=32, BK=64, PRECISION="ieee", USE_PDL=True, HAS_NUM_TOKENS=True,
-               USE_L2NORM=True)
-    attn = dict(W=16, G=8, HKV=2, D=256, DP=256, BM=16, BN=64, SPLITS=8, HAS_START=True, CAUSAL=True,
-                PRECISION="tf32", UPCAST=False, ROUND_BF16=False, USE_PDL=True)
-    lengths = {"len_ptr": "*i64", "start_ptr": "*i64", "scale_log2": "fp32"}
-
-    def both(pf):
-        return [compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", {**gdn, **pf},
-                             types={"scale": "fp32", **PREFETCH_POINTERS}).asm["ptx"],
-                compile_sm90(attention_triton.decode_attention_split_kernel, "bf16", {**attn, **pf},
-                             fp32_pointers=("o_ptr", "lse_ptr"), types={**lengths, **PREFETCH_POINTERS},
-                             num_warps=8).asm["ptx"]]
-
-    for ptx in both(dict(NUM_PF=3, PF_MODE=mode, PF_THREADS=128, PF_AT_END=False)):
-        assert ptx.count(instruction) == 3
-        assert ptx.index(instruction) < ptx.index("griddepcontrol.wait")
-    for ptx in both(NO_PREFETCH):
-        assert "prefetch" not in ptx

@@ -12,14 +12,12 @@ serves every length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
 from hybridspec.ops import naive_attention
 from hybridspec.ops.checks import FLOAT_INPUTS, check, check_lengths, dot_precision, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
-from hybridspec.ops.prefetch import checked_regions, prefetch_args
 
 MAX_HEAD_DIM = 256
 
@@ -93,9 +91,8 @@ def _decode_attention_op(
     lengths: torch.Tensor,
     gate: torch.Tensor | None,
     scale: float,
-    starts: torch.Tensor | None,
-    causal: bool,
-    prefetch: list[torch.Tensor],
+    starts: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> torch.Tensor:
     if not use_triton(q):
         return naive_attention.decode_attention(q, keys, values, lengths, scale, gate, starts, causal)
@@ -122,7 +119,6 @@ def _decode_attention_op(
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         s_len, s_start,
-        **prefetch_args(prefetch, q, plan["num_warps"]),
         W=W, G=G, HKV=Hkv, D=D, DP=DP, BM=plan["BM"], BN=plan["BN"], SPLITS=splits, HAS_START=starts is not None,
         CAUSAL=causal,
         PRECISION=dot_precision(q),
@@ -144,7 +140,7 @@ def _decode_attention_op(
 
 
 @_decode_attention_op.register_fake
-def _(q, keys, values, lengths, gate, scale, starts, causal, prefetch):
+def _(q, keys, values, lengths, gate, scale, starts=None, causal=True):
     return q.new_empty(q.shape)
 
 
@@ -158,7 +154,6 @@ def decode_attention(
     gate: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
     causal: bool = True,
-    prefetch: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
     """Attention of W new rows against a KV buffer that already holds them, causal among the new
     rows unless `causal=False`, reading only the positions below `L + W`.
@@ -173,9 +168,7 @@ def decode_attention(
     in fp32 before the one rounding. `starts`: integer `[B]` (or `[1]`) on the device, each row's
     first visible position (its left padding: row i then sees `starts .. L + i`); None: 0.
     `causal=False`: every new row sees the whole block, positions `starts .. L + W - 1` (the DFlash
-    drafter's non-causal layers). `prefetch`: up to `hybridspec.ops.prefetch.MAX_REGIONS` tensors
-    (the weights the layer reads next) that the kernel asks into L2 where `prefetch.KERNEL_CONFIG`
-    turns that on; they change no result. Returns
+    drafter's non-causal layers). Returns
     `[B, W, Hq, D]` contiguous in the dtype of `q`; softmax and accumulation in fp32.
     """
     check(q.dim() == 4, f"q must be [B, W, Hq, D], got {tuple(q.shape)}")
@@ -204,4 +197,4 @@ def decode_attention(
         if t is not None:
             check(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
     return _decode_attention_op(q, keys, values, lengths, gate, D**-0.5 if scale is None else float(scale), starts,
-                                bool(causal), checked_regions(prefetch))
+                                bool(causal))

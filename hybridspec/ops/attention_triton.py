@@ -31,7 +31,6 @@ import triton.language as tl
 
 from hybridspec.ops.moe_triton import _round_bf16
 from hybridspec.ops.pdl_triton import pdl_enter
-from hybridspec.ops.prefetch_triton import prefetch_weights
 
 
 @triton.jit
@@ -54,16 +53,10 @@ def decode_attention_split_kernel(
     s_kb, s_kh, s_kn,
     s_vb, s_vh, s_vn,
     s_len, s_start,
-    pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr, HAS_START: tl.constexpr, CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-    NUM_PF: tl.constexpr, PF_MODE: tl.constexpr, PF_THREADS: tl.constexpr, PF_AT_END: tl.constexpr,
 ):
-    # the weights the layer reads after the attention, asked into L2 while it runs, by every
-    # program, the ones past the length too (hybridspec/ops/prefetch_triton.py)
-    if not PF_AT_END:
-        prefetch_weights(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes, NUM_PF, PF_THREADS, PF_MODE)
     pdl_enter(USE_PDL)
     i_s = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -133,8 +126,6 @@ def decode_attention_split_kernel(
         part = (i_bh * SPLITS + i_s).to(tl.int64) * RG + rows  # [BM]
         tl.store(o_ptr + part[:, None] * D + d[None, :], o, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(lse_ptr + part, lse, mask=row_ok)
-    if PF_AT_END:
-        prefetch_weights(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes, NUM_PF, PF_THREADS, PF_MODE)
 
 
 @triton.jit

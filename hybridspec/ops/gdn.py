@@ -15,7 +15,6 @@ import torch
 from hybridspec.ops import naive
 from hybridspec.ops.checks import FLOAT_INPUTS, check, check_lengths
 from hybridspec.ops.dispatch import count_launch, pdl_launch, use_pdl, use_triton
-from hybridspec.ops.prefetch import checked_regions, prefetch_args
 
 MAX_TOKENS = 16
 
@@ -62,10 +61,8 @@ def verify_block_v(V: int, rows: int, config: dict = VERIFY_CONFIG) -> int:
     return bv
 
 
-def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: float, use_qk_l2norm: bool,
-            prefetch: Sequence[torch.Tensor] = ()) -> torch.Tensor:
-    """The body of both verify ops: the kernel, or the naive twin (module docstring). `prefetch`:
-    weights the kernel asks into L2 (`hybridspec.ops.prefetch`); they change no result."""
+def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: float, use_qk_l2norm: bool) -> torch.Tensor:
+    """The body of both verify ops: the kernel, or the naive twin (module docstring)."""
     B, T, HK, K = q.shape
     HV, V = v.shape[2:]
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
@@ -83,7 +80,6 @@ def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: flo
             v.stride(0), v.stride(1), v.stride(2),
             g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1),
-            **prefetch_args(prefetch, q, VERIFY_CONFIG["num_warps"]),
             HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, BK=min(K, VERIFY_CONFIG["BK"]),
             HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm, PRECISION=_precision(q),
             USE_PDL=pdl, num_warps=VERIFY_CONFIG["num_warps"], **pdl_launch(pdl),
@@ -156,15 +152,14 @@ def _gdn_verify_packed_op(
     head_v_dim: int,
     scale: float,
     use_qk_l2norm: bool,
-    prefetch: list[torch.Tensor],
 ) -> torch.Tensor:
     q, k, v = split_packed(qkv, num_k_heads, head_k_dim, head_v_dim)
-    return _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale, use_qk_l2norm, prefetch)
+    return _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale, use_qk_l2norm)
 
 
 @_gdn_verify_packed_op.register_fake
 def _(qkv, g, beta, state, num_tokens, z_out, k_out, g_out, num_k_heads, head_k_dim, head_v_dim, scale,
-      use_qk_l2norm, prefetch):
+      use_qk_l2norm):
     B, T, C = qkv.shape
     return qkv.new_empty(B, T, (C - 2 * num_k_heads * head_k_dim) // head_v_dim, head_v_dim)
 
@@ -250,12 +245,9 @@ def gdn_verify_packed(
     use_qk_l2norm: bool = True,
     num_tokens: torch.Tensor | None = None,
     factors_out: GDNFactors | None = None,
-    prefetch: Sequence[torch.Tensor] = (),
 ) -> tuple[torch.Tensor, GDNFactors]:
     """`gdn_verify` on `qkv` `[B, T, 2 HK K + HV V]`: q, k and v side by side in the last dim, as
-    the GDN mixer's conv writes them; the same kernel and results as `gdn_verify` on its split.
-    `prefetch`: up to `hybridspec.ops.prefetch.MAX_REGIONS` tensors (the weights the
-    layer reads next) that the kernel asks into L2 where `prefetch.KERNEL_CONFIG` turns that on."""
+    the GDN mixer's conv writes them; the same kernel and results as `gdn_verify` on its split."""
     check(qkv.dim() == 3, f"qkv must be [B, T, 2 HK K + HV V], got {tuple(qkv.shape)}")
     C = qkv.shape[-1]
     key_dim = num_k_heads * head_k_dim
@@ -266,7 +258,7 @@ def gdn_verify_packed(
     factors_out = _checked(q, k, v, g, beta, state, num_tokens, factors_out)
     o = _gdn_verify_packed_op(
         qkv, g, beta, state, num_tokens, *factors_out, num_k_heads, head_k_dim, head_v_dim,
-        head_k_dim**-0.5 if scale is None else float(scale), use_qk_l2norm, checked_regions(prefetch),
+        head_k_dim**-0.5 if scale is None else float(scale), use_qk_l2norm,
     )
     return o, GDNFactors(*factors_out)
 

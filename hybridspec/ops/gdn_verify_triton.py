@@ -15,7 +15,6 @@ import triton
 import triton.language as tl
 
 from hybridspec.ops.pdl_triton import pdl_enter
-from hybridspec.ops.prefetch_triton import prefetch_weights
 
 
 @triton.jit
@@ -28,16 +27,10 @@ def gdn_verify_kernel(
     svb, svt, svh,
     sgb, sgt,
     sbb, sbt,
-    pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-    NUM_PF: tl.constexpr, PF_MODE: tl.constexpr, PF_THREADS: tl.constexpr, PF_AT_END: tl.constexpr,
 ):
-    # the weights the layer reads after this kernel, asked into L2 while it and the norm run
-    # (hybridspec/ops/prefetch_triton.py); no kernel writes them, so before the wait is safe
-    if not PF_AT_END:
-        prefetch_weights(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes, NUM_PF, PF_THREADS, PF_MODE)
     pdl_enter(USE_PDL)
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -130,5 +123,3 @@ def gdn_verify_kernel(
                 k = tl.load(k_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
                 k = tl.where(valid[:, None], k, 0.0) * rk[:, None]
                 tl.store(kn_ptr + kn_rows * K + cols_k[None, :], k, mask=in_bounds[:, None])
-    if PF_AT_END:
-        prefetch_weights(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes, NUM_PF, PF_THREADS, PF_MODE)

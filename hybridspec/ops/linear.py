@@ -16,7 +16,6 @@ second launch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -24,7 +23,6 @@ from hybridspec.ops import naive_linear
 from hybridspec.ops.naive_linear import split_span
 from hybridspec.ops.checks import FLOAT_INPUTS, check, dot_precision, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
-from hybridspec.ops.prefetch import checked_regions, prefetch_args
 
 # one program holds every row: the row tile is at most 64
 MAX_ROWS = 64
@@ -90,10 +88,9 @@ def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element
     return bm, bn, min(bk, max(16, next_pow2(K)))
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, prefetch=()) -> None:
+def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int) -> None:
     """`small_linear_kernel` over `splits` splits of K into `out` (`[M, N]` in x's dtype for one
-    split, `[splits, M, N]` fp32 partials otherwise); `prefetch`: weights read later in the step,
-    asked into L2 up to `PrefetchConfig.ahead_mb` each (`hybridspec.ops.prefetch`)."""
+    split, `[splits, M, N]` fp32 partials otherwise)."""
     from hybridspec.ops.linear_triton import small_linear_kernel
 
     cfg = KERNEL_CONFIG
@@ -112,7 +109,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
         x, weight, out,
         M, N, K, span,
         x.stride(0), weight.stride(0),
-        **prefetch_args(prefetch, x, cfg.num_warps, ahead=True),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         PRECISION=dot_precision(x), UPCAST=interp16,
         INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16,
@@ -136,18 +132,17 @@ def _(x, weight):
 
 
 @torch.library.custom_op("hybridspec::small_linear_partials", mutates_args=(), device_types=None)
-def _small_linear_partials_op(x: torch.Tensor, weight: torch.Tensor, splits: int,
-                              prefetch: list[torch.Tensor]) -> torch.Tensor:
+def _small_linear_partials_op(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
     if not use_triton(x):
         return naive_linear.small_linear_partials(x, weight, splits)
     out = torch.empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
-    _launch(x, weight, out, splits, prefetch)
+    _launch(x, weight, out, splits)
     count_launch("small_linear_partials")
     return out
 
 
 @_small_linear_partials_op.register_fake
-def _(x, weight, splits, prefetch):
+def _(x, weight, splits):
     return x.new_empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32)
 
 
@@ -192,19 +187,16 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _small_linear_op(x, weight)
 
 
-def small_linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int,
-                          prefetch: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+def small_linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
     """`x @ weight.T` as `splits` fp32 partial sums over splits of K, in one launch: `[splits, M, N]`
     fp32, split s summing columns `[s * span, (s + 1) * span)` of K (`naive_linear.split_span`: about
     K / splits, a multiple of 16; the last splits may be short or zero). `out.sum(0).to(x.dtype)` is
     `small_linear(x, weight)` up to the order of the fp32 sum; in a compiled region that sum and
-    what follows it fuse into one kernel. Inputs as `small_linear`; 1 <= splits <= 16. `prefetch`:
-    up to `hybridspec.ops.prefetch.MAX_REGIONS` tensors read later in the step (the next layer's
-    input projection) that the kernel asks into L2 where `PrefetchConfig.ahead_mb` turns that on.
+    what follows it fuse into one kernel. Inputs as `small_linear`; 1 <= splits <= 16.
     """
     _check_inputs(x, weight)
     check(isinstance(splits, int) and 1 <= splits <= MAX_SPLITS, f"splits must be an int in 1..{MAX_SPLITS}, got {splits!r}")
-    return _small_linear_partials_op(x, weight, splits, checked_regions(prefetch))
+    return _small_linear_partials_op(x, weight, splits)
 
 
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:

@@ -28,7 +28,6 @@ import triton.language as tl
 
 from hybridspec.ops.moe_triton import _round_bf16
 from hybridspec.ops.pdl_triton import pdl_enter
-from hybridspec.ops.prefetch_triton import prefetch_weights
 
 
 @triton.jit
@@ -36,13 +35,9 @@ def small_linear_kernel(
     x_ptr, w_ptr, out_ptr,
     M, N, K, k_span,
     s_xm, s_wn,
-    pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-    NUM_PF: tl.constexpr, PF_MODE: tl.constexpr, PF_THREADS: tl.constexpr, PF_AT_END: tl.constexpr,
 ):
-    # weights read later in the step, asked into L2 (hybridspec/ops/prefetch_triton.py)
-    prefetch_weights(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes, NUM_PF, PF_THREADS, PF_MODE)
     pdl_enter(USE_PDL)
     i_n = tl.program_id(0)
     i_m = tl.program_id(1)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridspec.ops import naive_moe, prefetch
+from hybridspec.ops import naive_moe
 from hybridspec.ops.checks import FLOAT_INPUTS, check, is_integer, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
 
@@ -150,16 +150,13 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
     # tile (every row) keeps the piece's BM rows and a narrower H chunk
     gather = BM > BLOCK_ROWS
     bn, bk, bk_wide = gate_up_blocks(cfg, H, I, BM, x.element_size())
-    # the interpreter takes no eviction policy; on the GPU "evict_first" keeps lines asked for
-    # ahead (hybridspec/ops/prefetch.py) in L2 past this op's stream of expert weights
-    evict = "evict_first" if prefetch.KERNEL_CONFIG.experts_evict_first and not TRITON_INTERPRET else ""
     moe_gate_up_kernel[(slots, I // bn)](
         x, ids, nt, gate_up, s_gate_up, h, y,
         T, E, row_off, x.stride(0),
         H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk, RB=BLOCK_ROWS, BK_WIDE=bk_wide, GATHER=gather,
         WRITE_ZEROS=gather and out is None, ZB=min(256, next_pow2(H)),
         HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=pdl,
-        EVICT=evict, num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages, **launch_pdl,
+        num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
     count_launch("moe_gate_up")
     bn, bk = down_blocks(cfg, H, I, BM)
@@ -168,7 +165,7 @@ def _launch_piece(x, ids, wts, gate_up, down, shared, num_tokens, row_off, h, y,
         T, E, row_off,
         H=H, I=I, K=K, BM=BM, KP=next_pow2(K), SP=SP, BN=bn, BK=bk, RB=BLOCK_ROWS, GATHER=gather,
         HAS_NUM_TOKENS=has_n, HAS_SHARED=has_s, PRECISION=prec, INTERPRET_BF16=interp_bf16, USE_PDL=pdl,
-        WRITE_ALL=out is None, EVICT=evict, num_warps=cfg.down_warps, num_stages=cfg.num_stages, **launch_pdl,
+        WRITE_ALL=out is None, num_warps=cfg.down_warps, num_stages=cfg.num_stages, **launch_pdl,
     )
     count_launch("moe_down")
     if out is None:

@@ -177,19 +177,17 @@ def _gathered(member, c0, BM: tl.constexpr, RB: tl.constexpr):
 @triton.jit
 def _gate_up_tile(x_ptr, w_base, h_ptr, e, r, ok, s_xt, cols_n,
                   H: tl.constexpr, I: tl.constexpr, BM: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, MASK_STORE: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-                  EVICT: tl.constexpr):
+                  BK: tl.constexpr, MASK_STORE: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
     """`silu(x[r] @ gate[cols_n].T) * (x[r] @ up[cols_n].T)` for the `[R]` rows `r` (rows not `ok`
-    read as zero) into `h[e, r, cols_n]` (only the `ok` rows with MASK_STORE). `EVICT`: the weight
-    loads' L2 eviction policy ("" the default; "evict_first": `PrefetchConfig.experts_evict_first`)."""
+    read as zero) into `h[e, r, cols_n]` (only the `ok` rows with MASK_STORE)."""
     acc_g = tl.zeros([R, BN], dtype=tl.float32)
     acc_u = tl.zeros([R, BN], dtype=tl.float32)
     for k0 in range(0, H, BK):
         cols_k = k0 + tl.arange(0, BK)
         x = tl.load(x_ptr + r[:, None] * s_xt + cols_k[None, :], mask=ok[:, None], other=0.0)
         # gate_up_proj[e] is [2I, H]: gate rows 0..I-1, up rows I..2I-1 (transformers' chunk order)
-        wg = tl.load(w_base + cols_n[:, None] * H + cols_k[None, :], eviction_policy=EVICT)  # [BN, BK]
-        wu = tl.load(w_base + (I + cols_n[:, None]) * H + cols_k[None, :], eviction_policy=EVICT)  # [BN, BK]
+        wg = tl.load(w_base + cols_n[:, None] * H + cols_k[None, :])  # [BN, BK]
+        wu = tl.load(w_base + (I + cols_n[:, None]) * H + cols_k[None, :])  # [BN, BK]
         # the interpreter multiplies bf16 bit patterns as integers: upcast there (exact products)
         if INTERPRET_BF16:
             x, wg, wu = x.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
@@ -209,7 +207,7 @@ def _gate_up_tile(x_ptr, w_base, h_ptr, e, r, ok, s_xt, cols_n,
 @triton.jit
 def _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n,
                H: tl.constexpr, I: tl.constexpr, BM: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-               HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr, EVICT: tl.constexpr):
+               HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
     """`h[e, rows] @ down_e[cols_n].T` `[R, BN]` in fp32 for the `[R]` row indices `rows` of `h`
     `[E (+1), BM, I]` (`down_e` the shared weight `[H, I]` on the shared expert's slot, else expert
     e's rows of `down_proj` `[E, H, I]`)."""
@@ -221,7 +219,7 @@ def _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n,
     for k0 in range(0, I, BK):
         cols_k = k0 + tl.arange(0, BK)
         h = tl.load(h_ptr + (e.to(tl.int64) * BM + rows[:, None]) * I + cols_k[None, :])  # [R, BK]
-        w = tl.load(w_base + cols_n[:, None] * I + cols_k[None, :], eviction_policy=EVICT)  # [BN, BK]
+        w = tl.load(w_base + cols_n[:, None] * I + cols_k[None, :])  # [BN, BK]
         if INTERPRET_BF16:
             h, w = h.to(tl.float32), w.to(tl.float32)
         acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
@@ -236,7 +234,7 @@ def moe_gate_up_kernel(
     BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     RB: tl.constexpr, BK_WIDE: tl.constexpr, GATHER: tl.constexpr, WRITE_ZEROS: tl.constexpr, ZB: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
-    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr, EVICT: tl.constexpr,
+    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
     slot = _slot_of(tl.program_id(0), T, K, HAS_SHARED, GATHER)
@@ -255,14 +253,14 @@ def moe_gate_up_kernel(
                 # every counted row: the piece's BM-row tile (its H chunk narrower: shared memory)
                 rows = tl.arange(0, BM)
                 _gate_up_tile(x_ptr, sw_ptr, h_ptr, e, rows, rows < n, s_xt, cols_n, H, I, BM, BM, BN, BK_WIDE,
-                              False, PRECISION, INTERPRET_BF16, EVICT)
+                              False, PRECISION, INTERPRET_BF16)
             else:
                 member = _members(ids_ptr, e, n, T, K, BM, KP)
                 w_base = w_ptr + e.to(tl.int64) * (2 * I * H)
                 for c0 in range(0, tl.sum(member.to(tl.int32)), RB):
                     r, ok = _gathered(member, c0, BM, RB)
                     _gate_up_tile(x_ptr, w_base, h_ptr, e, r, ok, s_xt, cols_n, H, I, BM, RB, BN, BK,
-                                  True, PRECISION, INTERPRET_BF16, EVICT)
+                                  True, PRECISION, INTERPRET_BF16)
     else:
         # pieces of up to 16 rows: the kernel as it was before GATHER, statement for statement, so
         # B = 1's compiled code (and the gates measured on it) stay as they were
@@ -284,7 +282,7 @@ def moe_gate_up_kernel(
                 if shared:
                     w_base = sw_ptr
             _gate_up_tile(x_ptr, w_base, h_ptr, e, rows, member, s_xt, cols_n, H, I, BM, BM, BN, BK,
-                          False, PRECISION, INTERPRET_BF16, EVICT)
+                          False, PRECISION, INTERPRET_BF16)
 
 
 @triton.jit
@@ -314,7 +312,7 @@ def moe_down_kernel(
     BM: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     RB: tl.constexpr, GATHER: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, HAS_SHARED: tl.constexpr, PRECISION: tl.constexpr,
-    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr, WRITE_ALL: tl.constexpr, EVICT: tl.constexpr,
+    INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr, WRITE_ALL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
     slot = _slot_of(tl.program_id(0), T, K, HAS_SHARED, GATHER)
@@ -335,14 +333,14 @@ def moe_down_kernel(
         if lead:
             if shared:
                 acc = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BM, BN, BK, HAS_SHARED,
-                                 PRECISION, INTERPRET_BF16, EVICT)
+                                 PRECISION, INTERPRET_BF16)
                 _store_shared(y_ptr, acc, rows, n, T, cols_n, H, K, KY, WRITE_ALL)
             else:
                 member = _members(ids_ptr, e, n, T, K, BM, KP)
                 for c0 in range(0, tl.sum(member.to(tl.int32)), RB):
                     r, ok = _gathered(member, c0, BM, RB)
                     acc_r = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, r, cols_n, H, I, BM, RB, BN, BK, False,
-                                       PRECISION, INTERPRET_BF16, EVICT)
+                                       PRECISION, INTERPRET_BF16)
                     _store_assignments(y_ptr, ids_ptr, acc_r, e, r, ok, cols_n, T, H, K, KY)
     else:
         # pieces of up to 16 rows: the kernel as it was before GATHER, statement for statement
@@ -350,7 +348,7 @@ def moe_down_kernel(
             # the scalar as a row vector: the interpreter turns a scalar & vector mask into int32
             shared_rows = (rows * 0 + shared.to(tl.int32)) > 0  # [BM]
             acc = _down_tile(h_ptr, w_ptr, sw_ptr, e, shared, rows, cols_n, H, I, BM, BM, BN, BK, HAS_SHARED,
-                             PRECISION, INTERPRET_BF16, EVICT)
+                             PRECISION, INTERPRET_BF16)
             # each (row, j) that chose e gets its own copy, so a row naming e twice is counted twice
             for j in tl.static_range(K):
                 e_j = tl.load(ids_ptr + rows * K + j, mask=rows < T, other=-1)

@@ -2,7 +2,7 @@
 
 A family module exposes `MODEL_TYPES`, `text_model(model)`, `text_config(model)`,
 `rope(model, hidden, positions)`, `apply_rope(q, k, cos, sin)` and
-`gdn_verify_layer(module, x, slot, num_tokens, prefetch=())`, `GDN_PROJECTIONS` (the GDN mixer's input
+`gdn_verify_layer(module, x, slot, num_tokens)`, `GDN_PROJECTIONS` (the GDN mixer's input
 projections, which `hybridspec.patches.fusion` fuses), `ROUTERS` (the MoE router's module types)
 and `router_normalizes(router)`.
 """

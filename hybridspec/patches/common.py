@@ -43,28 +43,25 @@ def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
-def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None, prefetch=()) -> torch.Tensor:
+def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
     """GDN verify of one layer (`mixed` `[B, w, C]`: the conv's q, k and v side by side) into the
-    round's factor buffers, then the gated norm and out_proj. `prefetch`: the weights the layer
-    reads after the verify kernel (`weights_after_mixer`), which it asks into L2."""
+    round's factor buffers, then the gated norm and out_proj."""
     B, w = mixed.shape[:2]
     o, _ = gdn_verify_packed(mixed, g, beta, slot.state, num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim,
-                             head_v_dim=mod.head_v_dim, num_tokens=num_tokens, factors_out=slot.factors,
-                             prefetch=prefetch)
+                             head_v_dim=mod.head_v_dim, num_tokens=num_tokens, factors_out=slot.factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
     out = split_out_projection(mod.out_proj, o)
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)
 
 
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start, pad,
-                     apply_rope, prefetch=()) -> torch.Tensor:
+                     apply_rope) -> torch.Tensor:
     """Gated attention of w new tokens against one layer's KV buffers `[B, Hkv, rows, D]`: write each
     row's w new keys/values at its committed length `start` `[B]` (a device tensor), then attend with
     `hybridspec.ops.decode_attention`, which reads only the positions below `start_b + w` and masks
     those before `pad_b` (each row's left padding) (the Triton kernels on CUDA, the fp32 naive twin
     on CPU) and applies the output gate. Under tensor parallelism the heads, and so the KV buffers,
-    are this rank's; o_proj sums the ranks' partial products. `prefetch`: the weights the layer
-    reads after the attention (`weights_after_mixer`), which its kernel asks into L2."""
+    are this rank's; o_proj sums the ranks' partial products."""
     B, w, _ = x.shape
     hidden_shape = (B, w, -1, mod.head_dim)
     linears = (mod.q_proj, mod.k_proj, mod.v_proj)
@@ -84,42 +81,10 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     keys[batch, :, rows] = k.transpose(1, 2)  # [B, w, Hkv, D]
     values[batch, :, rows] = v.transpose(1, 2)
     out = decode_attention(q.transpose(1, 2), keys, values, start, scale=mod.scaling, gate=gate,
-                           starts=pad, prefetch=prefetch)  # [B, w, Hq, D]
+                           starts=pad)  # [B, w, Hq, D]
     out = out.reshape(B, w, -1)
     projected = split_out_projection(mod.o_proj, out)
     return projected if projected is not None else parallel.row(mod.o_proj, out)
-
-
-def weights_after_mixer(out_proj, mlp) -> list[torch.Tensor]:
-    """What a decoder layer reads from DRAM after its mixer's latency-bound kernel (the GDN verify,
-    the decode attention), in reading order: the mixer's output projection, then the sparse MoE
-    block's fused weight (router, shared expert's gate, and its gate and up projections) and the
-    shared expert's down projection. Each where it is a plain unsharded weight; the experts the
-    router picks are not known yet."""
-    regions = [out_proj.weight] if plain_unsharded(out_proj) else []
-    if is_sparse_moe(mlp):
-        stacked = fused_weight(mlp, "moe")
-        if stacked is not None:
-            regions.append(stacked)
-        if plain_unsharded(mlp.shared_expert.down_proj):
-            regions.append(mlp.shared_expert.down_proj.weight)
-    return regions
-
-
-def weights_ahead(family, model, i: int) -> list[torch.Tensor]:
-    """What the step reads from DRAM first after decoder layer i: layer i + 1's fused input
-    projection (GDN `in`, attention `qkv`), or after the last layer the LM head's weight; none where
-    that is not one plain tensor. The MoE block's router kernel asks for its first
-    `PrefetchConfig.ahead_mb` MiB (`split_route`)."""
-    text = family.text_model(model)
-    if i + 1 == len(text.layers):
-        head = model.get_output_embeddings()
-        return [head.weight] if head is not None and type(head.weight) in (torch.Tensor, nn.Parameter) else []
-    layer = text.layers[i + 1]
-    gdn = family.text_config(model).layer_types[i + 1] == "linear_attention"
-    mixer, group = (layer.linear_attn, "in") if gdn else (layer.self_attn, "qkv")
-    stacked = fused_weight(mixer, group)
-    return [stacked] if stacked is not None else []
 
 
 def is_sparse_moe(mlp) -> bool:
@@ -149,7 +114,7 @@ def route(family, mlp, x: torch.Tensor, logits: torch.Tensor | None = None) -> t
     return ids.view(B, w, -1), weights.view(B, w, -1)
 
 
-def split_route(family, mlp, x: torch.Tensor, take: int | None, ahead=()) -> tuple | None:
+def split_route(family, mlp, x: torch.Tensor, take: int | None) -> tuple | None:
     """The block's router on `[B, w, H]` with its GEMM as `LinearKernelConfig.router_split_k` split-K
     partial sums over its fused rows (`fused_rows(..., take=take)`: the router's, then the rows fused
     after it), routed by `route_topk_partials`, which adds them: `(ids, weights, rest)`, ids and
@@ -157,9 +122,7 @@ def split_route(family, mlp, x: torch.Tensor, take: int | None, ahead=()) -> tup
     same sums). The router's GEMM then spreads over
     `router_split_k` times as many programs, and the reduction costs no launch. None where that is off
     (`router_split_k` 1), the block is not fused, the router is not one the family knows, or the
-    kernels would not take the inputs (no kernel device, an autograd graph, more than 64 rows).
-    `ahead`: weights the step reads after this block (`weights_ahead`), which the GEMM's kernel asks
-    into L2 while the router's tail runs."""
+    kernels would not take the inputs (no kernel device, an autograd graph, more than 64 rows)."""
     splits = linear_ops.KERNEL_CONFIG.router_split_k
     if splits <= 1 or type(mlp.gate) not in family.ROUTERS:
         return None
@@ -171,7 +134,7 @@ def split_route(family, mlp, x: torch.Tensor, take: int | None, ahead=()) -> tup
     flat = x.reshape(-1, H)
     if sizes[0] > MAX_EXPERTS or not fits(flat, weight):
         return None
-    partials = small_linear_partials(flat, weight, splits, prefetch=ahead)
+    partials = small_linear_partials(flat, weight, splits)
     weights, ids, rest = route_topk_partials(partials, sizes[0], mlp.gate.top_k,
                                              normalize=family.router_normalizes(mlp.gate), dtype=x.dtype)
     return ids.view(B, w, -1), weights.view(B, w, -1), list(rest.split(sizes[1:], dim=-1)[:-1])
@@ -334,18 +297,18 @@ def dense_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
 
 
 def moe_verify(family, mlp, x: torch.Tensor, routing: list | None = None,
-               num_tokens: torch.Tensor | None = None, ahead=()) -> torch.Tensor:
+               num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """The MoE block of a verified block; a sparse block appends its expert ids `[B, w, k]` to
     `routing` when given. Dense MLP layers run as they are. Where the block's linears are fused, the
     router and the shared expert's gate are one GEMM (with the shared expert's projections where the
-    experts op does not run it). `ahead`: the weights the step reads after the block (`split_route`)."""
+    experts op does not run it)."""
     if not is_sparse_moe(mlp):
         return dense_mlp(mlp, x)
     # the router and the shared expert's gate; the shared expert's projections too where the
     # experts op does not run it
     ninth = shared_as_expert(mlp)
     take = None if ninth is None else 2
-    split = split_route(family, mlp, x, take, ahead)
+    split = split_route(family, mlp, x, take)
     if split is not None:
         ids, weights, shared_in = split
     else:

@@ -8,8 +8,7 @@ import torch
 
 from hybridspec import parallel
 from hybridspec.ops import GDNFactors
-from hybridspec.patches.common import (attention_verify, is_sparse_moe, moe_apply, moe_verify, route,
-                                       weights_after_mixer, weights_ahead)
+from hybridspec.patches.common import attention_verify, is_sparse_moe, moe_apply, moe_verify, route
 from hybridspec.state import MAX_VERIFY, GDNSlot, HybridState
 
 
@@ -154,24 +153,18 @@ def _check_length(input_ids: torch.Tensor) -> None:
 
 
 def gdn_block(family, layer, h: torch.Tensor, x: torch.Tensor, next_norm, slot: GDNSlot, num_tokens,
-              routing=None, ahead=()) -> tuple[torch.Tensor, torch.Tensor]:
-    """One GDN decoder layer of a verified block: mixer and MoE with their residuals. The mixer's
-    verify kernel asks L2 for the layer's next weights (`weights_after_mixer`), the MoE block's router
-    for `ahead`, the step's first weight after the layer (`weights_ahead`)."""
-    mod = layer.linear_attn
-    h = h + family.gdn_verify_layer(mod, x, slot, num_tokens, prefetch=weights_after_mixer(mod.out_proj, layer.mlp))
-    h = h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens, ahead)
+              routing=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One GDN decoder layer of a verified block: mixer and MoE with their residuals."""
+    h = h + family.gdn_verify_layer(layer.linear_attn, x, slot, num_tokens)
+    h = h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
     return h, next_norm(h)
 
 
 def attention_block(family, layer, h: torch.Tensor, x: torch.Tensor, next_norm, cos_sin, keys, values, length,
-                    pad, num_tokens, routing=None, ahead=()) -> tuple[torch.Tensor, torch.Tensor]:
-    """One attention decoder layer of a verified block (`gdn_block` says what `x`, `next_norm` and
-    `ahead` are)."""
-    mod = layer.self_attn
-    h = h + attention_verify(mod, x, cos_sin, keys, values, length, pad, family.apply_rope,
-                             prefetch=weights_after_mixer(mod.o_proj, layer.mlp))
-    h = h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens, ahead)
+                    pad, num_tokens, routing=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One attention decoder layer of a verified block (`gdn_block` says what `x` and `next_norm` are)."""
+    h = h + attention_verify(layer.self_attn, x, cos_sin, keys, values, length, pad, family.apply_rope)
+    h = h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
     return h, next_norm(h)
 
 
@@ -230,13 +223,12 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
     for i in range(start, len(layers)):
         layer = layers[i]
         next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else text.norm
-        ahead = weights_ahead(family, model, i)
         if i in state.gdn_slot:
-            h, x = blocks.gdn(family, layer, h, x, next_norm, state.gdn(i, w), state.num_tokens, routing, ahead)
+            h, x = blocks.gdn(family, layer, h, x, next_norm, state.gdn(i, w), state.num_tokens, routing)
         else:
             ai = state.attn_slot[i]
             h, x = blocks.attention(family, layer, h, x, next_norm, cos_sin, state.keys[ai], state.values[ai],
-                                    state.length, state.pad, state.num_tokens, routing, ahead)
+                                    state.length, state.pad, state.num_tokens, routing)
         if i in taps:
             tapped[i] = h
     state.written = w

@@ -40,10 +40,8 @@ def rope(model, hidden: torch.Tensor, positions: torch.Tensor):
     return text_model(model).rotary_emb(hidden, positions[None].expand(3, *positions.shape))
 
 
-def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tensor | None,
-                     prefetch: tuple = ()) -> torch.Tensor:
-    """`Qwen3_5MoeGatedDeltaNet.forward` for a verified block, with our ops in place of the cache;
-    `prefetch`: the weights its verify kernel asks into L2 (`gdn_core`)."""
+def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
+    """`Qwen3_5MoeGatedDeltaNet.forward` for a verified block, with our ops in place of the cache."""
     B, w, _ = x.shape
     linears = tuple(getattr(mod, name) for name in GDN_PROJECTIONS)
     # one GEMM over the fused weight (hybridspec.fused); sharded, transformers' plan gathers the
@@ -54,4 +52,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     z = z.reshape(B, w, -1, mod.head_v_dim)
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, prefetch)
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens)

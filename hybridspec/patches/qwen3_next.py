@@ -37,10 +37,8 @@ def rope(model, hidden: torch.Tensor, positions: torch.Tensor):
     return model.model.rotary_emb(hidden, positions)
 
 
-def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tensor | None,
-                     prefetch: tuple = ()) -> torch.Tensor:
-    """`Qwen3NextGatedDeltaNet.forward` for a verified block, with our ops in place of the cache;
-    `prefetch`: the weights its verify kernel asks into L2 (`gdn_core`)."""
+def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
+    """`Qwen3NextGatedDeltaNet.forward` for a verified block, with our ops in place of the cache."""
     B, w, _ = x.shape
     # gathered projections (transformers' plan): every rank runs the whole GDN core
     linears = tuple(getattr(mod, name) for name in GDN_PROJECTIONS)
@@ -51,4 +49,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     mixed = conv_verify(mod, mixed, slot).transpose(1, 2).contiguous()
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, prefetch)
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens)

@@ -211,12 +211,10 @@ def test_opcheck(device, monkeypatch):
     # opcheck detects mutation by comparing the inputs before and after a call: NaN never compares equal
     keys, values = (torch.nan_to_num(t) for t in (keys, values))
     op = torch.ops.hybridspec.decode_attention.default
-    torch.library.opcheck(op, (q, keys, values, lengths, gate, 0.25, None, True, []))
-    torch.library.opcheck(op, (q, keys, values, lengths, None, 0.25, None, True, []))
+    torch.library.opcheck(op, (q, keys, values, lengths, gate, 0.25))
+    torch.library.opcheck(op, (q, keys, values, lengths, None, 0.25))
     # the drafter's call: left padding, not causal, no gate
-    torch.library.opcheck(op, (q, keys, values, lengths, None, 0.25, torch.tensor([2], device=q.device), False, []))
-    # weights to ask into L2 (read by no computation: a hint, off unless the config turns it on)
-    torch.library.opcheck(op, (q, keys, values, lengths, gate, 0.25, None, True, [keys, gate]))
+    torch.library.opcheck(op, (q, keys, values, lengths, None, 0.25, torch.tensor([2], device=q.device), False))
 
 
 def test_fullgraph_compile(device, monkeypatch):
