@@ -1,0 +1,173 @@
+"""Where the AR step's wall time goes, kernel by kernel, in the form the runner runs it: the captured
+graph with programmatic dependent launch, profiled over a few decoded tokens.
+
+A kernel's duration under PDL includes the time it waited for the kernel before it, so durations
+do not add up to the step. Here each kernel is charged what it added to the step's end instead:
+its *exposed* time, `end_i - max(end_j, j < i)` (0 for a kernel that ends inside one before it). A
+step's exposed times add up to its span from its first kernel's start to its last kernel's end. The
+kernels are grouped by layer (a layer starts at a kernel matching `--layer-start`: the cuBLAS input
+projection; a step ends with the LM head's combine kernel) and by kind (GDN where the layer runs `gdn_verify`, attention where it runs
+`decode_attention`), and reported per position in the layer, medians over the layers of a kind and
+the profiled steps, with the gap from the previous kernel's end to the kernel's start (negative:
+it overlapped). What follows the last layer is the "head" (final norm, LM head, argmax).
+
+    python benchmarks/ar_timeline.py [--prompt 512] [--tokens 24] [--out bench_out/ar_timeline]
+
+Acceptance: not applicable (AR steps, no drafts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ACCEPTANCE = "not applicable (AR steps, no drafts)"
+LAYER_START = r"nvjet|gemm|cutlass|xmma"
+STEP_END = r"lm_head_combine_kernel"
+HEAD_START = r"lm_head"
+KINDS = (("gdn", "gdn_verify"), ("attention", "decode_attention"))
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    start: float  # us
+    end: float  # us
+
+
+def exposed(kernels: list[Kernel]) -> list[float]:
+    """Each kernel's exposed time in a stream of kernels sorted by start: what it added to the latest
+    end so far (the first kernel: its duration)."""
+    out, latest = [], None
+    for k in kernels:
+        out.append(k.end - k.start if latest is None else max(0.0, k.end - latest))
+        latest = k.end if latest is None else max(latest, k.end)
+    return out
+
+
+def split_steps(kernels: list[Kernel], step_end: str = STEP_END) -> list[list[Kernel]]:
+    """Kernels sorted by start, cut after each kernel matching `step_end` (one per AR step); a
+    trailing piece without one is dropped."""
+    steps, current = [], []
+    for k in sorted(kernels, key=lambda k: k.start):
+        current.append(k)
+        if re.search(step_end, k.name):
+            steps.append(current)
+            current = []
+    return steps
+
+
+def split_layers(step: list[Kernel], layer_start: str = LAYER_START,
+                 head_start: str = HEAD_START) -> tuple[list[range], range, range]:
+    """One step's kernels as index ranges (layers, before, head): a layer from a kernel matching
+    `layer_start` to the kernel before the next one, the last layer up to the first kernel matching
+    `head_start` (the LM head; the final norm rides in the last layer's residual add)."""
+    n = len(step)
+    head = next((i for i, k in enumerate(step) if re.search(head_start, k.name)), n)
+    starts = [i for i, k in enumerate(step[:head]) if re.search(layer_start, k.name)]
+    if not starts:
+        return [], range(0, head), range(head, n)
+    bounds = starts + [head]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])], range(0, starts[0]), range(head, n)
+
+
+def kind_of(names: list[str]) -> str:
+    for kind, anchor in KINDS:
+        if any(anchor in name for name in names):
+            return kind
+    return "other"
+
+
+def table(steps: list[list[Kernel]], layer_start: str = LAYER_START) -> dict:
+    """Per layer kind and position in the layer: the kernel's (most frequent) name and the medians of
+    its duration, exposed time and gap; per step the median span and the exposed time before the
+    first layer, in the head and between steps (the host's and the graph launch's share)."""
+    med = statistics.median
+    cells: dict = {}
+    spans, parts = [], {"before": [], "head": [], "between": []}
+    for n, step in enumerate(steps):
+        ex = exposed(step)
+        layers, before, head = split_layers(step, layer_start)
+        spans.append(step[-1].end - step[0].start)
+        if n:
+            parts["between"].append(step[0].start - steps[n - 1][-1].end)
+        parts["before"].append(sum(ex[i] for i in before))
+        parts["head"].append(sum(ex[i] for i in head))
+        for layer in layers:
+            kind = kind_of([step[i].name for i in layer])
+            for pos, i in enumerate(layer):
+                cell = cells.setdefault(kind, {}).setdefault(pos, dict(names=[], duration=[], exposed=[], gap=[]))
+                cell["names"].append(step[i].name)
+                cell["duration"].append(step[i].end - step[i].start)
+                cell["exposed"].append(ex[i])
+                cell["gap"].append(step[i].start - step[i - 1].end if i else 0.0)
+    out = {"span_us": med(spans) if spans else None, "steps": len(steps),
+           "parts_us": {p: med(v) if v else 0.0 for p, v in parts.items()}, "layers": {}}
+    for kind, positions in cells.items():
+        out["layers"][kind] = [
+            dict(position=pos, name=max(set(c["names"]), key=c["names"].count)[:80], duration_us=med(c["duration"]),
+                 exposed_us=med(c["exposed"]), gap_us=med(c["gap"]), count=len(c["names"]))
+            for pos, c in sorted(positions.items())]
+    return out
+
+
+def profile_steps(runner, prompt, tokens: int) -> list[Kernel]:
+    """The CUDA kernels of decoding `tokens` tokens on `runner` (graph replays) under torch.profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from hybridspec.round.stopping import HostStopping
+
+    first, _ = runner.start(prompt)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner.decode(prompt.shape[1], int(first), HostStopping(prompt.shape[1] + tokens, set(), []))
+        torch.cuda.synchronize()
+    return [Kernel(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+            if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+
+
+def main() -> None:
+    import torch
+
+    from benchmarks.common import env_info, print_table, write_json
+    from hybridspec.runner import Runner
+    from hybridspec.shapes import build_target
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench_out/ar_timeline")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=24, help="decoded tokens under the profiler")
+    parser.add_argument("--skip", type=int, default=4, help="profiled steps dropped at the start")
+    parser.add_argument("--layer-start", default=LAYER_START, help="regex of a layer's first kernel")
+    args = parser.parse_args()
+    info = env_info()
+    print(info)
+    model = build_target("qwen3.6-35b-a3b")
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0)).cuda()
+    runner = Runner(model, capacity=args.prompt + args.tokens + 16, compile=True, fused_head=True)
+    runner.generate(prompt, 8)
+    kernels = profile_steps(runner, prompt, args.tokens)
+    steps = split_steps(kernels)[args.skip:]
+    if not steps:
+        raise SystemExit(f"no whole step among the {len(kernels)} profiled kernels (does the profiler see the kernels "
+                         f"of graph replays here? names: {sorted({k.name[:40] for k in kernels})[:10]})")
+    result = dict(env=info, acceptance=ACCEPTANCE, prompt=args.prompt, **table(steps, args.layer_start))
+    print(f"acceptance: {ACCEPTANCE}; {result['steps']} steps, median span {result['span_us']:.1f} us; "
+          f"parts (us): {result['parts_us']}")
+    for kind, rows in result["layers"].items():
+        total = sum(r["exposed_us"] for r in rows)
+        print(f"{kind} layer: {total:.1f} us exposed (medians per position)")
+        print_table(["pos", "kernel", "duration us", "exposed us", "gap us"],
+                    [[r["position"], r["name"], r["duration_us"], r["exposed_us"], r["gap_us"]] for r in rows])
+    write_json(Path(args.out) / "ar_timeline.json", result)
+
+
+if __name__ == "__main__":
+    main()
