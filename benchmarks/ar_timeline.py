@@ -5,8 +5,8 @@ A kernel's duration under PDL includes the time it waited for the kernel before 
 do not add up to the step. Here each kernel is charged what it added to the step's end instead:
 its *exposed* time, `end_i - max(end_j, j < i)` (0 for a kernel that ends inside one before it). A
 step's exposed times add up to its span from its first kernel's start to its last kernel's end. The
-kernels are grouped by layer (a layer starts at a kernel matching `--layer-start`: the cuBLAS input
-projection; a step ends with the LM head's combine kernel) and by kind (GDN where the layer runs `gdn_verify`, attention where it runs
+kernels are grouped by layer (a layer ends with its MoE block: `split_layers`; a step ends with the
+LM head's combine kernel) and by kind (GDN where the layer runs `gdn_verify`, attention where it runs
 `decode_attention`), and reported per position in the layer, medians over the layers of a kind and
 the profiled steps, with the gap from the previous kernel's end to the kernel's start (negative:
 it overlapped). What follows the last layer is the "head" (final norm, LM head, argmax).
@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ACCEPTANCE = "not applicable (AR steps, no drafts)"
-LAYER_START = r"nvjet|gemm|cutlass|xmma"
+LAYER_END = r"moe_down"
 STEP_END = r"lm_head_combine_kernel"
 HEAD_START = r"lm_head"
 KINDS = (("gdn", "gdn_verify"), ("attention", "decode_attention"))
@@ -63,18 +63,20 @@ def split_steps(kernels: list[Kernel], step_end: str = STEP_END) -> list[list[Ke
     return steps
 
 
-def split_layers(step: list[Kernel], layer_start: str = LAYER_START,
+def split_layers(step: list[Kernel], layer_end: str = LAYER_END,
                  head_start: str = HEAD_START) -> tuple[list[range], range, range]:
-    """One step's kernels as index ranges (layers, before, head): a layer from a kernel matching
-    `layer_start` to the kernel before the next one, the last layer up to the first kernel matching
-    `head_start` (the LM head; the final norm rides in the last layer's residual add)."""
+    """One step's kernels as index ranges (layers, tail, head). Every decoder layer ends with its MoE
+    block: the experts' down kernel (`layer_end`) and, after it, the kernel that adds the block to
+    the residual stream and takes the next layer's norm, so a layer runs from the kernel after the
+    previous layer's to that one (the first layer also holds the step's embedding and RoPE). The
+    head starts at the first kernel matching `head_start` (the LM head); the tail is what lies
+    between the last layer and the head."""
     n = len(step)
     head = next((i for i, k in enumerate(step) if re.search(head_start, k.name)), n)
-    starts = [i for i, k in enumerate(step[:head]) if re.search(layer_start, k.name)]
-    if not starts:
-        return [], range(0, head), range(head, n)
-    bounds = starts + [head]
-    return [range(a, b) for a, b in zip(bounds, bounds[1:])], range(0, starts[0]), range(head, n)
+    ends = [min(i + 2, head) for i, k in enumerate(step[:head]) if re.search(layer_end, k.name)]
+    bounds = [0] + ends
+    layers = [range(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return layers, range(bounds[-1], head), range(head, n)
 
 
 def kind_of(names: list[str]) -> str:
@@ -84,36 +86,52 @@ def kind_of(names: list[str]) -> str:
     return "other"
 
 
-def table(steps: list[list[Kernel]], layer_start: str = LAYER_START) -> dict:
+def table(steps: list[list[Kernel]], layer_end: str = LAYER_END) -> dict:
     """Per layer kind and position in the layer: the kernel's (most frequent) name and the medians of
-    its duration, exposed time and gap; per step the median span and the exposed time before the
-    first layer, in the head and between steps (the host's and the graph launch's share)."""
+    its duration, exposed time and gap, over the layers of that kind with its most common kernel
+    count (the others, the first layer with the step's embedding among them, are "irregular"); per
+    step the median span and the exposed time of the irregular layers, the tail, the head, and the
+    gap between steps (the host's and the graph launch's share)."""
     med = statistics.median
+    layouts = [[(kind_of([step[i].name for i in r]), len(r)) for r in split_layers(step, layer_end)[0]] for step in steps]
+    modal = {}
+    for kind, length in (x for layout in layouts for x in layout):
+        modal.setdefault(kind, []).append(length)
+    modal = {kind: max(set(lengths), key=lengths.count) for kind, lengths in modal.items()}
     cells: dict = {}
-    spans, parts = [], {"before": [], "head": [], "between": []}
+    spans, parts = [], {"irregular": [], "tail": [], "head": [], "between": []}
     for n, step in enumerate(steps):
         ex = exposed(step)
-        layers, before, head = split_layers(step, layer_start)
+        layers, tail, head = split_layers(step, layer_end)
         spans.append(step[-1].end - step[0].start)
         if n:
             parts["between"].append(step[0].start - steps[n - 1][-1].end)
-        parts["before"].append(sum(ex[i] for i in before))
+        parts["tail"].append(sum(ex[i] for i in tail))
         parts["head"].append(sum(ex[i] for i in head))
+        irregular = 0.0
         for layer in layers:
             kind = kind_of([step[i].name for i in layer])
+            if len(layer) != modal[kind]:
+                irregular += sum(ex[i] for i in layer)
+                continue
             for pos, i in enumerate(layer):
                 cell = cells.setdefault(kind, {}).setdefault(pos, dict(names=[], duration=[], exposed=[], gap=[]))
                 cell["names"].append(step[i].name)
                 cell["duration"].append(step[i].end - step[i].start)
                 cell["exposed"].append(ex[i])
                 cell["gap"].append(step[i].start - step[i - 1].end if i else 0.0)
+        parts["irregular"].append(irregular)
     out = {"span_us": med(spans) if spans else None, "steps": len(steps),
            "parts_us": {p: med(v) if v else 0.0 for p, v in parts.items()}, "layers": {}}
     for kind, positions in cells.items():
-        out["layers"][kind] = [
-            dict(position=pos, name=max(set(c["names"]), key=c["names"].count)[:80], duration_us=med(c["duration"]),
-                 exposed_us=med(c["exposed"]), gap_us=med(c["gap"]), count=len(c["names"]))
-            for pos, c in sorted(positions.items())]
+        rows = [dict(position=pos, name=max(set(c["names"]), key=c["names"].count)[:80], duration_us=med(c["duration"]),
+                     exposed_us=med(c["exposed"]), gap_us=med(c["gap"])) for pos, c in sorted(positions.items())]
+        out["layers"][kind] = dict(per_step=len(positions[0]["names"]) // max(1, len(steps)), rows=rows)
+    # one step's kernels as they ran (offsets from its first start), for reading the names
+    if steps:
+        first = steps[len(steps) // 2]
+        out["one_step"] = [dict(name=k.name[:80], start_us=k.start - first[0].start, end_us=k.end - first[0].start)
+                           for k in first]
     return out
 
 
@@ -145,7 +163,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=24, help="decoded tokens under the profiler")
     parser.add_argument("--skip", type=int, default=4, help="profiled steps dropped at the start")
-    parser.add_argument("--layer-start", default=LAYER_START, help="regex of a layer's first kernel")
+    parser.add_argument("--layer-end", default=LAYER_END, help="regex of the last kernel but one of a layer")
     args = parser.parse_args()
     info = env_info()
     print(info)
@@ -158,12 +176,14 @@ def main() -> None:
     if not steps:
         raise SystemExit(f"no whole step among the {len(kernels)} profiled kernels (does the profiler see the kernels "
                          f"of graph replays here? names: {sorted({k.name[:40] for k in kernels})[:10]})")
-    result = dict(env=info, acceptance=ACCEPTANCE, prompt=args.prompt, **table(steps, args.layer_start))
+    result = dict(env=info, acceptance=ACCEPTANCE, prompt=args.prompt, **table(steps, args.layer_end))
     print(f"acceptance: {ACCEPTANCE}; {result['steps']} steps, median span {result['span_us']:.1f} us; "
           f"parts (us): {result['parts_us']}")
-    for kind, rows in result["layers"].items():
+    for kind, layer in result["layers"].items():
+        rows = layer["rows"]
         total = sum(r["exposed_us"] for r in rows)
-        print(f"{kind} layer: {total:.1f} us exposed (medians per position)")
+        print(f"{kind} layers ({layer['per_step']} a step, the irregular ones apart): {total:.1f} us exposed each, "
+              f"{total * layer['per_step']:.1f} a step (medians per position)")
         print_table(["pos", "kernel", "duration us", "exposed us", "gap us"],
                     [[r["position"], r["name"], r["duration_us"], r["exposed_us"], r["gap_us"]] for r in rows])
     write_json(Path(args.out) / "ar_timeline.json", result)
