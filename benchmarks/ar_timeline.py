@@ -9,7 +9,10 @@ kernels are grouped by layer (a layer ends with its MoE block: `split_layers`; a
 LM head's combine kernel) and by kind (GDN where the layer runs `gdn_verify`, attention where it runs
 `decode_attention`), and reported per position in the layer, medians over the layers of a kind and
 the profiled steps, with the gap from the previous kernel's end to the kernel's start (negative:
-it overlapped). What follows the last layer is the "head" (final norm, LM head, argmax).
+it overlapped). The "head" is the LM head's top-1 (the final norm rides in the last layer's
+residual kernel). Since a step is cut after the head, its first piece holds what the graph runs
+after the head for the token before (the state commit, the runner's bookkeeping), the boundary
+between two replays, then the embedding, RoPE and first norm, and layer 0: the "irregular" part.
 
     python benchmarks/ar_timeline.py [--prompt 512] [--tokens 24] [--out bench_out/ar_timeline]
 
@@ -68,7 +71,7 @@ def split_layers(step: list[Kernel], layer_end: str = LAYER_END,
     """One step's kernels as index ranges (layers, tail, head). Every decoder layer ends with its MoE
     block: the experts' down kernel (`layer_end`) and, after it, the kernel that adds the block to
     the residual stream and takes the next layer's norm, so a layer runs from the kernel after the
-    previous layer's to that one (the first layer also holds the step's embedding and RoPE). The
+    previous layer's to that one (the first one also holds everything before layer 0). The
     head starts at the first kernel matching `head_start` (the LM head); the tail is what lies
     between the last layer and the head."""
     n = len(step)
