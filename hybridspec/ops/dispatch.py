@@ -52,9 +52,13 @@ def pdl_launch(on: bool) -> dict:
 # the gates, the q and k norms) and programmatic dependent launch of inductor's kernels (they wait
 # for the kernel before them, as ours do: hybridspec/ops/pdl_triton.py) each took 0.25-0.3 ms off.
 # HYBRIDSPEC_PDL=0 turns inductor's PDL off with ours. Coordinate-descent tuning of the launch
-# settings of inductor's own kernels (the norms, the conv and gates, the residual adds): AR step
-# 3.323 against 3.382 ms and 3.298 against 3.395 on two H100s, about 13-25 s more compile time the
-# first time (docs/benchmarks.md, 2026-12-06). A setting this torch lacks is left out.
+# settings of inductor's own kernels (the norms, the conv and gates, the residual adds); with it on,
+# inductor also lowers a one-row matmul to a tuned reduction kernel of its own instead of cuBLAS
+# (torch/_inductor/decomposition.py, `mm`), so the AR step's mixer input projections run there
+# (83-85% of the H100's bytes, docs/benchmarks.md, "Where the AR step's time goes"); the 16-row
+# verification graph keeps cuBLAS. AR step 3.323 against 3.382 ms and 3.298 against 3.395 on two
+# H100s, about 13-25 s more compile time the first time (docs/benchmarks.md, 2026-12-06). A setting
+# this torch lacks is left out.
 LAYER_OPTIONS: dict = {"combo_kernels": True, "triton.enable_pdl": True, "coordinate_descent_tuning": True}
 
 
