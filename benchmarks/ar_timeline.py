@@ -15,6 +15,7 @@ after the head for the token before (the state commit, the runner's bookkeeping)
 between two replays, then the embedding, RoPE and first norm, and layer 0: the "irregular" part.
 
     python benchmarks/ar_timeline.py [--prompt 512] [--tokens 24] [--out bench_out/ar_timeline]
+    python benchmarks/ar_timeline.py --variants 'linear:out_split_k=1;moe:down_block_h=32'   # which kernels a config moves
 
 Acceptance: not applicable (AR steps, no drafts).
 """
@@ -154,11 +155,39 @@ def profile_steps(runner, prompt, tokens: int) -> list[Kernel]:
             if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
 
 
+def timeline(model, prompt, args) -> dict:
+    """`table` of a fresh runner's AR step on `prompt` under the library's current configs."""
+    from hybridspec.runner import Runner
+
+    runner = Runner(model, capacity=args.prompt + args.tokens + 16, compile=True, fused_head=True)
+    runner.generate(prompt, 8)
+    kernels = profile_steps(runner, prompt, args.tokens)
+    del runner
+    steps = split_steps(kernels)[args.skip:]
+    if not steps:
+        raise SystemExit(f"no whole step among the {len(kernels)} profiled kernels (does the profiler see the kernels "
+                         f"of graph replays here? names: {sorted({k.name[:40] for k in kernels})[:10]})")
+    return table(steps, args.layer_end)
+
+
+def report(label: str, result: dict) -> None:
+    from benchmarks.common import print_table
+
+    print(f"{label}: {result['steps']} steps, median span {result['span_us']:.1f} us; parts (us): {result['parts_us']}")
+    for kind, layer in result["layers"].items():
+        rows = layer["rows"]
+        total = sum(r["exposed_us"] for r in rows)
+        print(f"{kind} layers ({layer['per_step']} a step, the irregular ones apart): {total:.1f} us exposed each, "
+              f"{total * layer['per_step']:.1f} a step (medians per position)")
+        print_table(["pos", "kernel", "duration us", "exposed us", "gap us"],
+                    [[r["position"], r["name"], r["duration_us"], r["exposed_us"], r["gap_us"]] for r in rows])
+
+
 def main() -> None:
     import torch
 
-    from benchmarks.common import env_info, print_table, write_json
-    from hybridspec.runner import Runner
+    from benchmarks.bench_runner import config_variant, split_variants
+    from benchmarks.common import env_info, write_json
     from hybridspec.shapes import build_target
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -167,28 +196,25 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24, help="decoded tokens under the profiler")
     parser.add_argument("--skip", type=int, default=4, help="profiled steps dropped at the start")
     parser.add_argument("--layer-end", default=LAYER_END, help="regex of the last kernel but one of a layer")
+    parser.add_argument("--variants", default="",
+                        help="after the default, the timeline under each of these ';'-separated kernel config "
+                             "variants, bench_runner's --split-variants form, e.g. 'linear:out_split_k=1;moe:down_block_h=32' "
+                             "(one process, same weights)")
     args = parser.parse_args()
+    variants = split_variants(args.variants, "--variants")
     info = env_info()
     print(info)
+    print(f"acceptance: {ACCEPTANCE}")
     model = build_target("qwen3.6-35b-a3b")
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0)).cuda()
-    runner = Runner(model, capacity=args.prompt + args.tokens + 16, compile=True, fused_head=True)
-    runner.generate(prompt, 8)
-    kernels = profile_steps(runner, prompt, args.tokens)
-    steps = split_steps(kernels)[args.skip:]
-    if not steps:
-        raise SystemExit(f"no whole step among the {len(kernels)} profiled kernels (does the profiler see the kernels "
-                         f"of graph replays here? names: {sorted({k.name[:40] for k in kernels})[:10]})")
-    result = dict(env=info, acceptance=ACCEPTANCE, prompt=args.prompt, **table(steps, args.layer_end))
-    print(f"acceptance: {ACCEPTANCE}; {result['steps']} steps, median span {result['span_us']:.1f} us; "
-          f"parts (us): {result['parts_us']}")
-    for kind, layer in result["layers"].items():
-        rows = layer["rows"]
-        total = sum(r["exposed_us"] for r in rows)
-        print(f"{kind} layers ({layer['per_step']} a step, the irregular ones apart): {total:.1f} us exposed each, "
-              f"{total * layer['per_step']:.1f} a step (medians per position)")
-        print_table(["pos", "kernel", "duration us", "exposed us", "gap us"],
-                    [[r["position"], r["name"], r["duration_us"], r["exposed_us"], r["gap_us"]] for r in rows])
+    result = dict(env=info, acceptance=ACCEPTANCE, prompt=args.prompt, **timeline(model, prompt, args))
+    report("default", result)
+    result["variants"] = []
+    for kind, changes in variants:
+        with config_variant(kind, changes):
+            row = dict(kind=kind, variant=changes, **timeline(model, prompt, args))
+        result["variants"].append(row)
+        report(f"{kind}: " + ",".join(f"{k}={v}" for k, v in changes.items()), row)
     write_json(Path(args.out) / "ar_timeline.json", result)
 
 

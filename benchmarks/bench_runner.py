@@ -638,18 +638,18 @@ def config_variants(text: str, kind: str = "linear") -> list[tuple[str, dict]]:
     return [(kind, _config_fields(part, kind, f"--ar-{kind}")) for part in text.split(";") if part]
 
 
-def split_variants(text: str) -> list[tuple[str, dict]]:
+def split_variants(text: str, option: str = "--split-variants") -> list[tuple[str, dict]]:
     """`--split-variants "moe:down_block_h=32;linear:wide_block_n=32;gdn:BV=64"` -> one `(kind,
     fields)` per `;`-separated variant, the kind before the colon ("linear", "moe" or "gdn"), checked
-    before anything is built."""
+    before anything is built; errors name `option` (another script's flag of this form)."""
     out = []
     for part in text.split(";"):
         if not part:
             continue
         kind, sep, fields = part.partition(":")
         if not sep or kind not in ("linear", "moe", "gdn"):
-            raise SystemExit(f"--split-variants: {part!r} must be kind:name=value,... with kind linear, moe or gdn")
-        out.append((kind, _config_fields(fields, kind, "--split-variants")))
+            raise SystemExit(f"{option}: {part!r} must be kind:name=value,... with kind linear, moe or gdn")
+        out.append((kind, _config_fields(fields, kind, option)))
     return out
 
 

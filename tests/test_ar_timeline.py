@@ -58,3 +58,17 @@ def test_steps_layers_and_the_table():
     assert parts["between"] == pytest.approx(200 - span)
     assert parts["irregular"] == pytest.approx(sum(exposed(steps[0])[:8]))
     assert [k["name"] for k in out["one_step"]][:2] == ["embed", "nvjet_in"]
+
+
+def test_variants_are_checked_before_anything_is_built():
+    """`--variants` takes bench_runner's kind:fields form; a bad kind or field stops the run and the
+    message names `--variants`."""
+    pytest.importorskip("torch")
+    from benchmarks.bench_runner import split_variants
+
+    assert split_variants("linear:out_split_k=1;moe:down_block_h=32", "--variants") == [
+        ("linear", {"out_split_k": 1}), ("moe", {"down_block_h": 32})]
+    with pytest.raises(SystemExit, match="--variants"):
+        split_variants("attention:block_n=32", "--variants")
+    with pytest.raises(SystemExit, match="--variants: LinearKernelConfig has no field 'nope'"):
+        split_variants("linear:nope=1", "--variants")
