@@ -95,7 +95,9 @@ def table(steps: list[list[Kernel]], layer_end: str = LAYER_END) -> dict:
     its duration, exposed time and gap, over the layers of that kind with its most common kernel
     count (the others, the first layer with the step's embedding among them, are "irregular"); per
     step the median span and the exposed time of the irregular layers, the tail, the head, and the
-    gap between steps (the host's and the graph launch's share)."""
+    gap from one step's last kernel (the LM head's combine) to the next step's first: inside one
+    replay, since the graph runs the commit after the head (the replay boundary falls in the
+    irregular first layer)."""
     med = statistics.median
     layouts = [[(kind_of([step[i].name for i in r]), len(r)) for r in split_layers(step, layer_end)[0]] for step in steps]
     modal = {}
@@ -107,7 +109,7 @@ def table(steps: list[list[Kernel]], layer_end: str = LAYER_END) -> dict:
     for n, step in enumerate(steps):
         ex = exposed(step)
         layers, tail, head = split_layers(step, layer_end)
-        spans.append(step[-1].end - step[0].start)
+        spans.append(max(k.end for k in step) - step[0].start)
         if n:
             parts["between"].append(step[0].start - steps[n - 1][-1].end)
         parts["tail"].append(sum(ex[i] for i in tail))

@@ -72,7 +72,12 @@ def test_batched_greedy_equals_target_only(model, drafter, batch_size, loop, len
     eos = int(free[0, P + 3])
     ref = target_only(model, ids, mask, max_new_tokens=MAX_NEW, eos_token_id=eos)
     assert (ref[0, P + 4:] == PAD).all() and ref.shape[1] > P + 4
-    # simulated acceptance per row: each row drafts its own continuation, so rounds keep many drafts
+    # simulated acceptance per row: each row drafts its own continuation, so rounds keep many drafts.
+    # The replay's acceptance draws come from torch's global generator: seeded here, so that they do
+    # not depend on which tests ran before in this xdist worker. Unseeded, one fresh-clone run in
+    # four drew an order under which the B = 3 "hybridspec" case verified w = 2 in every round, so
+    # no round could keep the two drafts checked below (seed 3 reproduces it; 0, 1, 2, 4, 5 do not)
+    torch.manual_seed(0)
     replay = DeviceReplayDrafter(drafter, free[:, P:])
     loop_args = dict(reference_loop=True) if loop == "reference" else dict(enforce_eager=True)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=eos,
