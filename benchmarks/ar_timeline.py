@@ -99,24 +99,24 @@ def table(steps: list[list[Kernel]], layer_end: str = LAYER_END) -> dict:
     replay, since the graph runs the commit after the head (the replay boundary falls in the
     irregular first layer)."""
     med = statistics.median
-    layouts = [[(kind_of([step[i].name for i in r]), len(r)) for r in split_layers(step, layer_end)[0]] for step in steps]
-    modal = {}
-    for kind, length in (x for layout in layouts for x in layout):
-        modal.setdefault(kind, []).append(length)
-    modal = {kind: max(set(lengths), key=lengths.count) for kind, lengths in modal.items()}
+    cuts = [split_layers(step, layer_end) for step in steps]
+    kinds = [[kind_of([step[i].name for i in layer]) for layer in cut[0]] for step, cut in zip(steps, cuts)]
+    lengths: dict = {}
+    for cut, step_kinds in zip(cuts, kinds):
+        for layer, kind in zip(cut[0], step_kinds):
+            lengths.setdefault(kind, []).append(len(layer))
+    modal = {kind: max(set(ls), key=ls.count) for kind, ls in lengths.items()}
     cells: dict = {}
     spans, parts = [], {"irregular": [], "tail": [], "head": [], "between": []}
-    for n, step in enumerate(steps):
+    for n, (step, (layers, tail, head), step_kinds) in enumerate(zip(steps, cuts, kinds)):
         ex = exposed(step)
-        layers, tail, head = split_layers(step, layer_end)
         spans.append(max(k.end for k in step) - step[0].start)
         if n:
             parts["between"].append(step[0].start - steps[n - 1][-1].end)
         parts["tail"].append(sum(ex[i] for i in tail))
         parts["head"].append(sum(ex[i] for i in head))
         irregular = 0.0
-        for layer in layers:
-            kind = kind_of([step[i].name for i in layer])
+        for layer, kind in zip(layers, step_kinds):
             if len(layer) != modal[kind]:
                 irregular += sum(ex[i] for i in layer)
                 continue
@@ -146,6 +146,7 @@ def profile_steps(runner, prompt, tokens: int) -> list[Kernel]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from benchmarks.common import kernel_events
     from hybridspec.round.stopping import HostStopping
 
     first, _ = runner.start(prompt)
@@ -153,8 +154,7 @@ def profile_steps(runner, prompt, tokens: int) -> list[Kernel]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         runner.decode(prompt.shape[1], int(first), HostStopping(prompt.shape[1] + tokens, set(), []))
         torch.cuda.synchronize()
-    return [Kernel(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-            if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    return [Kernel(e.name, e.time_range.start, e.time_range.end) for e in kernel_events(prof)]
 
 
 def timeline(model, prompt, args) -> dict:

@@ -57,7 +57,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import capture, copy_bandwidth_gbs, env_info, print_table, time_ms, write_json  # noqa: E402
+from benchmarks.common import capture, copy_bandwidth_gbs, env_info, kernel_events, print_table, time_ms, write_json  # noqa: E402
 from hybridspec.bench import transformers_static  # noqa: E402
 from hybridspec.round import stages  # noqa: E402
 from hybridspec.round.accept import greedy_accept_tokens  # noqa: E402
@@ -502,8 +502,7 @@ def kernel_profile(fn, layers: int, top: int = 8) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
-              and "memset" not in e.name.lower()]
+    events = kernel_events(prof)
     by_name: dict = {}
     for e in events:
         total, count = by_name.get(e.name, (0.0, 0))

@@ -42,6 +42,12 @@ def time_ms(run: Callable[[], object], replays: int = 10, samples: int = 30, bef
     return statistics.median(times)
 
 
+def kernel_events(prof) -> list:
+    """The GPU kernels a `torch.profiler` run recorded (copies and memsets left out), in its order."""
+    return [e for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
+            and "memset" not in e.name.lower()]
+
+
 def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()

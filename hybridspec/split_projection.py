@@ -15,9 +15,11 @@ of the splits is fp32 in a fixed order, rounded once: another summation order th
 same function.
 
 `split_in_gemm` does the same for a mixer's fused input projection (GDN `in`, attention `qkv`:
-`LinearKernelConfig.in_split_k`, 1 by default, so cuBLAS). cuBLAS tiles the GDN one (12,352 x 2,048
-at the 35B-A3B shape) into 97 tiles of 128 rows, fewer than the H200's 132 SMs (16.3 us against an
-11.9 us bound at one row); split K ways, the sum fuses into the conv, gates and norm that read it.
+`LinearKernelConfig.in_split_k`, 1 by default, so `F.linear`). cuBLAS tiles the GDN one (12,352 x
+2,048 at the 35B-A3B shape) into 97 tiles of 128 rows, fewer than the H200's 132 SMs (16.3 us against
+an 11.9 us bound at one row, before coordinate-descent tuning: with it, inductor runs a one-row
+`F.linear` as a reduction kernel of its own, `hybridspec.ops.dispatch.LAYER_OPTIONS`); split K ways,
+the sum fuses into the conv, gates and norm that read it.
 Measured on the H200 (`benchmarks/bench_runner.py --ar-linear "in_split_k=2;in_split_k=4"`, 2026-12-06):
 the AR step took 3.233 and 3.420 ms against 3.090 with cuBLAS (one process; two since-removed
 experiments were on in every row), so it stays off.

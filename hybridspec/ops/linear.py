@@ -62,7 +62,7 @@ class LinearKernelConfig:
     # `small_linear` and `route_topk`. 4: as fast as 8 on the H200 and the best with out_split_k 4
     router_split_k: int = 4
     # K splits of the mixers' fused input projections (`hybridspec.split_projection.split_in_gemm`);
-    # 1: cuBLAS, which the H200 measured faster (AR step 3.090 ms against 3.233 at 2 and 3.420 at 4, one
+    # 1: `F.linear` (cuBLAS, or inductor's reduction at one row), which the H200 measured faster (AR step 3.090 ms against 3.233 at 2 and 3.420 at 4, one
     # process, with two since-removed experiments on in every row: docs/benchmarks.md, 2026-12-06)
     in_split_k: int = 1
 
