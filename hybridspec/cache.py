@@ -58,3 +58,18 @@ def compiled_once(blocks: type, options: dict) -> tuple:
 
     return _COMPILED_BLOCKS.get((blocks, tuple(sorted(options.items()))), lambda: blocks(
         *(torch.compile(f, dynamic=False, options=options) for f in blocks._field_defaults.values())))
+
+
+def compiled_copy(fn, options: dict):
+    """`fn` compiled as one fullgraph region (`torch.compile(dynamic=False)`, inductor `options`) on a
+    copy of its code object. Dynamo keeps compiled code, and counts recompiles, per code object: the
+    users of one function (every runner of a process, each with its own shapes) would all be
+    recompiles of it, and with fullgraph the ninth fails (`recompile_limit` is 8). With its own copy
+    each user compiles once, however many a process builds. Fullgraph: a change that breaks the
+    trace fails at the first call instead of splitting the region."""
+    import types
+
+    import torch
+
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return torch.compile(own, dynamic=False, fullgraph=True, options=options)

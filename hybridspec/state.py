@@ -18,7 +18,7 @@ reference loop verifies exactly w rows (`num_tokens` None). Both commit the same
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -62,6 +62,9 @@ class HybridState:
     written: int = 0  # tokens the last verification wrote
     # [B] rows of the round that count (None: all of them); the kernels skip the rest
     num_tokens: torch.Tensor | None = None
+    # the commit's body (`commit_buffers`); the CUDA-graph runner sets a compiled copy
+    # (`hybridspec.cache.compiled_copy`): eagerly it is about ten small kernels besides the GDN commit
+    commit_fn: Callable = field(default=None, repr=False)
     # model layer -> index into the GDN buffers / the KV lists, built once per request
     gdn_slot: dict[int, int] = field(init=False)
     attn_slot: dict[int, int] = field(init=False)
@@ -69,6 +72,8 @@ class HybridState:
     def __post_init__(self):
         self.gdn_slot = {layer: n for n, layer in enumerate(self.gdn_layers)}
         self.attn_slot = {layer: n for n, layer in enumerate(self.attn_layers)}
+        if self.commit_fn is None:
+            self.commit_fn = commit_buffers
 
     def round_factors(self, w: int) -> GDNFactors:
         """Factor buffers of a w-token round, `[Lg, B, w, ...]`, contiguous per layer."""
@@ -105,11 +110,18 @@ class HybridState:
     def commit(self, num_commit: torch.Tensor) -> None:
         """Keep the first m of the `written` verified tokens in every layer, with m `[B]` on the
         device (each row advances by its own m; m = 0 keeps a row as it is); no host read."""
-        w = self.written
-        gdn_commit(self.gdn_states, self.round_factors(w), num_commit)
-        k = self.conv_windows.shape[-1]
-        full = torch.cat([self.conv_windows, self.conv_inputs[..., :w]], dim=-1)  # [Lg, B, C, k + w]
-        # the window after m more inputs is columns m .. m + k - 1 of the concatenation
-        index = (num_commit[:, None] + torch.arange(k, device=full.device))[None, :, None, :]
-        self.conv_windows.copy_(full.gather(-1, index.expand(*full.shape[:-1], k)))
-        self.length += num_commit.to(self.length.dtype)
+        self.commit_fn(self.gdn_states, self.round_factors(self.written), self.conv_windows, self.conv_inputs,
+                       self.length, num_commit)
+
+
+def commit_buffers(gdn_states: torch.Tensor, factors: GDNFactors, conv_windows: torch.Tensor,
+                   conv_inputs: torch.Tensor, length: torch.Tensor, num_commit: torch.Tensor) -> None:
+    """`HybridState.commit` on the buffers: the GDN states from the round's factors, each conv window
+    m inputs on, each row's length m on (`factors` for the `w` tokens the round wrote)."""
+    gdn_commit(gdn_states, factors, num_commit)
+    k, w = conv_windows.shape[-1], factors.z.shape[2]
+    full = torch.cat([conv_windows, conv_inputs[..., :w]], dim=-1)  # [Lg, B, C, k + w]
+    # the window after m more inputs is columns m .. m + k - 1 of the concatenation
+    index = (num_commit[:, None] + torch.arange(k, device=full.device))[None, :, None, :]
+    conv_windows.copy_(full.gather(-1, index.expand(*full.shape[:-1], k)))
+    length += num_commit.to(length.dtype)

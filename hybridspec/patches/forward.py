@@ -178,9 +178,11 @@ def layer0_block(family, layer, h: torch.Tensor, slot: GDNSlot, num_tokens):
     return h, y, ids, weights
 
 
-def rope_block(family, model, h: torch.Tensor, positions: torch.Tensor):
-    """cos/sin of the verified rows' positions `[B, w]` (`family.rope`): eagerly about a dozen small
-    kernels a step."""
+def rope_block(family, model, h: torch.Tensor, length: torch.Tensor, pad: torch.Tensor):
+    """cos/sin (`family.rope`) of the verified rows `h` `[B, w, H]` after each row's `length`
+    committed cache rows, `pad` of them left padding: eagerly about fifteen small kernels a step."""
+    # transformers' position of cache index j in a left-padded row is j - pad
+    positions = (length - pad)[:, None] + torch.arange(h.shape[1], device=h.device)  # [B, w]
     return family.rope(model, h, positions)
 
 
@@ -214,9 +216,7 @@ def _layers(family, model, h, start: int, state: HybridState, taps, routing, tap
     before `start` (Stage 1 has run Layer 0 itself)."""
     B, w = h.shape[:2]
     text = family.text_model(model)
-    # transformers' position of cache index j in a left-padded row is j - pad
-    positions = (state.length - state.pad)[:, None] + torch.arange(w, device=h.device)  # [B, w]
-    cos_sin = blocks.rope(family, model, h, positions)
+    cos_sin = blocks.rope(family, model, h, state.length, state.pad)
     tapped = dict(tapped or {})
     layers = text.layers
     x = blocks.norm(layers[start].input_layernorm, h)

@@ -9,13 +9,13 @@ rows. Both commit m = A + 1 tokens inside the round.
 
 from __future__ import annotations
 
-import types
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from hybridspec.cache import compiled_copy
 from hybridspec.drafter.protocol import DraftBlock, Drafter
 from hybridspec.ops.dispatch import layer_options
 from hybridspec.policy import Policy
@@ -105,14 +105,10 @@ def front(policy: Policy, correction, target: Target, state: HybridState, block:
 
 
 def compiled_front():
-    """`front` compiled as one fullgraph region with the layers' inductor options, on a copy of its
-    code object. Dynamo keeps compiled code, and counts recompiles, per code object: every round of
-    a process would share `front`'s, each runner's policy and target would be a recompile of it, and
-    with fullgraph the ninth fails (`recompile_limit` is 8). With its own copy each round compiles
-    once, however many a process builds."""
-    own = types.FunctionType(front.__code__.replace(), front.__globals__, front.__name__, front.__defaults__,
-                             front.__closure__)
-    return torch.compile(own, dynamic=False, fullgraph=True, options=layer_options())
+    """`front` compiled as one region with the layers' inductor options, on a copy of its code
+    object (`hybridspec.cache.compiled_copy`: each round compiles once, however many a process
+    builds)."""
+    return compiled_copy(front, layer_options())
 
 
 class RoundResult(NamedTuple):

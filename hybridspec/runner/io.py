@@ -7,7 +7,8 @@ distinct Layer-0 experts of the verified tokens (-1 where Layer 0 has no router 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -21,6 +22,13 @@ class RoundIO:
     anchor: torch.Tensor  # [B, 1] long: x_0, the newest token the target has not processed
     budget: torch.Tensor  # [B] long: output tokens still allowed after the anchor
     out: torch.Tensor  # [B, T + EXTRA] long
+    # the body of `finish` (`write_outputs`); a compiled runner sets a compiled copy
+    # (`hybridspec.cache.compiled_copy`): eagerly it is about eight small kernels
+    finish_fn: Callable = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.finish_fn is None:
+            self.finish_fn = write_outputs
 
     @classmethod
     def allocate(cls, width: int, device, batch_size: int = 1) -> RoundIO:
@@ -31,7 +39,14 @@ class RoundIO:
     def finish(self, tokens: torch.Tensor, accepted: torch.Tensor, w: torch.Tensor, w0: torch.Tensor,
                empty: torch.Tensor, layer0: torch.Tensor) -> None:
         """After a step: the next anchor, the budget left, and the row the host reads."""
-        self.anchor.copy_(tokens.gather(1, accepted[:, None]))
-        self.budget.sub_(accepted + 1)
-        width = self.out.shape[1] - EXTRA
-        self.out.copy_(torch.cat([tokens[:, :width], torch.stack([accepted + 1, w, w0, empty, layer0], dim=-1)], dim=-1))
+        self.finish_fn(self.anchor, self.budget, self.out, tokens, accepted, w, w0, empty, layer0)
+
+
+def write_outputs(anchor: torch.Tensor, budget: torch.Tensor, out: torch.Tensor, tokens: torch.Tensor,
+                  accepted: torch.Tensor, w: torch.Tensor, w0: torch.Tensor, empty: torch.Tensor,
+                  layer0: torch.Tensor) -> None:
+    """`RoundIO.finish` on the buffers."""
+    anchor.copy_(tokens.gather(1, accepted[:, None]))
+    budget.sub_(accepted + 1)
+    width = out.shape[1] - EXTRA
+    out.copy_(torch.cat([tokens[:, :width], torch.stack([accepted + 1, w, w0, empty, layer0], dim=-1)], dim=-1))

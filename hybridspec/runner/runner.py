@@ -19,7 +19,7 @@ from collections import deque
 
 import torch
 
-from hybridspec.cache import compiled_once
+from hybridspec.cache import compiled_copy, compiled_once
 from hybridspec.drafter.protocol import CompilableDrafter, DeviceDrafter
 from hybridspec.ops.dispatch import layer_options
 from hybridspec.parallel import model_group
@@ -33,8 +33,8 @@ from hybridspec.round.stats import HybridSpecStats, device_time
 from hybridspec.round.stopping import HostStopping
 from hybridspec.round.target import Target
 from hybridspec.runner.graphs import CapturedStep
-from hybridspec.runner.io import EMPTY_COL, EXTRA, L0_COL, M, W0_COL, W_COL, RoundIO
-from hybridspec.state import MAX_VERIFY
+from hybridspec.runner.io import EMPTY_COL, EXTRA, L0_COL, M, W0_COL, W_COL, RoundIO, write_outputs
+from hybridspec.state import MAX_VERIFY, commit_buffers
 
 # rounds in flight before the host reads one back
 LAG = 1
@@ -49,7 +49,8 @@ class Runner:
     `capacity`: the longest sequence (prompt + output) a request may reach.
     `enforce_eager`: run the step without CUDA graphs (always so on the CPU). `compile`: compile
     each decoder-layer kind once with `torch.compile` (fusing its elementwise work) before capture,
-    the drafter's layers too where it is a `CompilableDrafter`; default on when graphs are captured.
+    the drafter's layers too where it is a `CompilableDrafter`, and the step's commit and output
+    writes (`HybridState.commit_fn`, `RoundIO.finish_fn`); default on when graphs are captured.
     `fused_head`: greedy calls without warpers take each position's argmax from the fused LM-head
     top-1 (`hybridspec.ops.lm_head_top1`: one pass over the head's weight, no logits) instead of
     the logits; on by default (the AR step 3.179 against 3.195 ms on the H200, docs/benchmarks.md;
@@ -112,6 +113,11 @@ class Runner:
             drafter.reset(B, rows)
         self._compile_drafter()
         self.io = RoundIO.allocate(self.width, self.device, B)
+        if self.compiled:
+            # the step's bookkeeping after the head (the commit's conv windows and lengths, the
+            # outputs for the host) as two compiled regions instead of about 18 eager kernels
+            self.state.commit_fn = compiled_copy(commit_buffers, layer_options())
+            self.io.finish_fn = compiled_copy(write_outputs, layer_options())
         self.round = None
         if drafter is not None:
             self.round = Round(self.target, self.state, drafter, policy, self.sampler, fused_head=fused_head,

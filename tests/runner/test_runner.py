@@ -318,12 +318,15 @@ def test_the_compiled_front_gives_the_eager_rounds(pair):
 
 def test_compiled_blocks_run_stage0_rope_and_final_norm(pair):
     """Where the runner compiles the layers, Stage 0 runs Layer 0 through the compiled
-    `Blocks.layer0` (inductor's CPU code here), eagerly or inside the compiled front, and the stack's
-    RoPE and final norm through `Blocks.rope` and `Blocks.norm`, with no graph break: the rounds,
+    `Blocks.layer0` (inductor's CPU code here), eagerly or inside the compiled front, the stack's
+    RoPE and final norm through `Blocks.rope` and `Blocks.norm`, and the commit and output writes
+    as compiled regions, with no graph break: the rounds,
     lengths and tokens of the eager runner under the calibrated policy, and the AR runner's tokens."""
     from torch._dynamo.utils import counters
 
     from hybridspec.patches.forward import EAGER, layer0_block
+    from hybridspec.runner.io import write_outputs
+    from hybridspec.state import commit_buffers
 
     model, prompt, ref, replay, policy = calibrated_replay(pair, 9)
     runs = []
@@ -331,6 +334,9 @@ def test_compiled_blocks_run_stage0_rope_and_final_norm(pair):
         runner = Runner(model, replay, policy, capacity=64, compile=compiled, compile_front=front)
         blocks = runner.target.blocks
         assert (blocks.layer0 is layer0_block) != compiled
+        # the commit and the output writes run as compiled regions of their own where the layers do
+        assert (runner.state.commit_fn is commit_buffers) != compiled
+        assert (runner.io.finish_fn is write_outputs) != compiled
         calls = []
 
         def layer0(*args, blocks=blocks, calls=calls):
@@ -351,6 +357,7 @@ def test_compiled_blocks_run_stage0_rope_and_final_norm(pair):
     counters.clear()
     ar = Runner(model, capacity=64, compile=True)
     assert ar.target.blocks.rope is not EAGER.rope and ar.target.blocks.norm is not EAGER.norm
+    assert ar.state.commit_fn is not commit_buffers and ar.io.finish_fn is not write_outputs
     out, _ = ar.generate(prompt, MAX_NEW)
     assert torch.equal(out, ref) and not counters["graph_break"]
 
