@@ -120,8 +120,12 @@ def commit_buffers(gdn_states: torch.Tensor, factors: GDNFactors, conv_windows: 
     m inputs on, each row's length m on (`factors` for the `w` tokens the round wrote)."""
     gdn_commit(gdn_states, factors, num_commit)
     k, w = conv_windows.shape[-1], factors.z.shape[2]
-    full = torch.cat([conv_windows, conv_inputs[..., :w]], dim=-1)  # [Lg, B, C, k + w]
-    # the window after m more inputs is columns m .. m + k - 1 of the concatenation
-    index = (num_commit[:, None] + torch.arange(k, device=full.device))[None, :, None, :]
-    conv_windows.copy_(full.gather(-1, index.expand(*full.shape[:-1], k)))
+    # the window after m more inputs is columns m .. m + k - 1 of [window, inputs]; gathered from
+    # each side without the concatenation, which compiled was a kernel of its own (12 us an AR step
+    # on an H100)
+    index = (num_commit[:, None] + torch.arange(k, device=conv_windows.device))[None, :, None, :]
+    index = index.expand(*conv_windows.shape[:-1], k)
+    old = conv_windows.gather(-1, index.clamp(max=k - 1))
+    new = conv_inputs[..., :w].gather(-1, (index - k).clamp(min=0, max=w - 1))
+    conv_windows.copy_(torch.where(index < k, old, new))
     length += num_commit.to(length.dtype)
