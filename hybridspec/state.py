@@ -34,9 +34,6 @@ class GDNSlot(NamedTuple):
     factors: GDNFactors  # [B, w, ...]
     window: torch.Tensor  # [B, C, k] conv window before the round
     inputs: torch.Tensor  # [B, C, W] the round's pre-conv inputs
-    # an AR step (`HybridState.decoding`): advance the state and the window by the one token in
-    # place instead of writing the factors and the inputs
-    decoding: bool = False
 
 
 def _leading_rows(f: torch.Tensor, w: int) -> torch.Tensor:
@@ -65,11 +62,6 @@ class HybridState:
     written: int = 0  # tokens the last verification wrote
     # [B] rows of the round that count (None: all of them); the kernels skip the rest
     num_tokens: torch.Tensor | None = None
-    # an AR step (`hybridspec.round.round.ar_step`), whose every row commits its one token: the GDN
-    # layers advance their states and conv windows as they verify it (`gdn_decode_packed`), so the
-    # step needs no `gdn_commit` (at the 35B-A3B shape 120 MB of states read and written, 40 us an
-    # AR step on an H100) and `commit` only advances the lengths
-    decoding: bool = False
     # the commit's body (`commit_buffers`); the CUDA-graph runner sets a compiled copy
     # (`hybridspec.cache.compiled_copy`): eagerly it is about ten small kernels besides the GDN commit
     commit_fn: Callable = field(default=None, repr=False)
@@ -91,7 +83,7 @@ class HybridState:
         """The buffers of model layer `layer` (a GDN layer) for a w-token round."""
         gi = self.gdn_slot[layer]
         return GDNSlot(self.gdn_states[gi], GDNFactors(*(_leading_rows(f, w)[gi] for f in self.factors)),
-                       self.conv_windows[gi], self.conv_inputs[gi], self.decoding)
+                       self.conv_windows[gi], self.conv_inputs[gi])
 
     def relayout(self, layer: int, u: int, w: int) -> None:
         """Layer `layer`'s factors, written for u rows, kept for the first w: move them into the
@@ -117,12 +109,7 @@ class HybridState:
 
     def commit(self, num_commit: torch.Tensor) -> None:
         """Keep the first m of the `written` verified tokens in every layer, with m `[B]` on the
-        device (each row advances by its own m; m = 0 keeps a row as it is); no host read. While
-        `decoding`, m is each row's one token, which the verification already committed to the GDN
-        layers: only the lengths advance."""
-        if self.decoding:
-            self.length += num_commit.to(self.length.dtype)
-            return
+        device (each row advances by its own m; m = 0 keeps a row as it is); no host read."""
         self.commit_fn(self.gdn_states, self.round_factors(self.written), self.conv_windows, self.conv_inputs,
                        self.length, num_commit)
 

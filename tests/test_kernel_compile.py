@@ -83,10 +83,6 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
                      types={"ids_ptr": "*i64"}, num_warps=2),
         compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True),
                      types={"scale": "fp32"}),
-        # an AR step's form: the state advanced in place, no factors
-        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=False,
-                                                                       USE_L2NORM=True, COMMIT_ONE=True),
-                     types={"scale": "fp32"}),
         compile_sm90(gdn_commit_triton.gdn_commit_kernel, "fp32", dict(gdn, BV=32), types={"num_commit_ptr": "*i64"}),
         compile_sm90(attention_triton.decode_attention_split_kernel, "bf16",
                      dict(W=16, G=8, HKV=2, D=256, DP=256, BM=16, BN=64, SPLITS=8, HAS_START=True, CAUSAL=True,

@@ -61,10 +61,8 @@ def verify_block_v(V: int, rows: int, config: dict = VERIFY_CONFIG) -> int:
     return bv
 
 
-def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: float, use_qk_l2norm: bool,
-            commit_one: bool = False) -> torch.Tensor:
-    """The body of the verify ops: the kernel, or the naive twin (module docstring). `commit_one`
-    (`gdn_decode_packed`): T = 1, the state advanced in place, no factors (their buffers None)."""
+def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: float, use_qk_l2norm: bool) -> torch.Tensor:
+    """The body of both verify ops: the kernel, or the naive twin (module docstring)."""
     B, T, HK, K = q.shape
     HV, V = v.shape[2:]
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
@@ -75,8 +73,7 @@ def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: flo
         pdl = use_pdl(q)
         gdn_verify_kernel[(V // BV, B * HV)](
             q, k, v, g, beta, state, num_tokens if num_tokens is not None else q,
-            # under COMMIT_ONE the factor pointers are never read or written
-            o, *((o, o, o) if commit_one else (z_out, k_out, g_out)),
+            o, z_out, k_out, g_out,
             T, scale,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -85,12 +82,9 @@ def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: flo
             beta.stride(0), beta.stride(1),
             HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, BK=min(K, VERIFY_CONFIG["BK"]),
             HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm, PRECISION=_precision(q),
-            USE_PDL=pdl, COMMIT_ONE=commit_one, num_warps=VERIFY_CONFIG["num_warps"], **pdl_launch(pdl),
+            USE_PDL=pdl, num_warps=VERIFY_CONFIG["num_warps"], **pdl_launch(pdl),
         )
-        count_launch("gdn_decode" if commit_one else "gdn_verify")
-        return o
-    if commit_one:
-        o.copy_(naive.gdn_decode(q, k, v, g, beta, state, scale=scale, use_qk_l2norm=use_qk_l2norm))
+        count_launch("gdn_verify")
         return o
     o_ref, z, kn, g_cum = naive.gdn_verify(
         q, k, v, g, beta, state, scale=scale, use_qk_l2norm=use_qk_l2norm, num_tokens=num_tokens
@@ -166,31 +160,6 @@ def _gdn_verify_packed_op(
 @_gdn_verify_packed_op.register_fake
 def _(qkv, g, beta, state, num_tokens, z_out, k_out, g_out, num_k_heads, head_k_dim, head_v_dim, scale,
       use_qk_l2norm):
-    B, T, C = qkv.shape
-    return qkv.new_empty(B, T, (C - 2 * num_k_heads * head_k_dim) // head_v_dim, head_v_dim)
-
-
-# An AR step's verification that also commits its token: the same kernel under COMMIT_ONE, which
-# writes the next state in place instead of the factors, so the step needs no `gdn_commit` (at the
-# 35B-A3B shape that kernel reads and writes 120 MB of states a step, 40 us on an H100).
-@torch.library.custom_op("hybridspec::gdn_decode_packed", mutates_args=("state",), device_types=None)
-def _gdn_decode_packed_op(
-    qkv: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    num_k_heads: int,
-    head_k_dim: int,
-    head_v_dim: int,
-    scale: float,
-    use_qk_l2norm: bool,
-) -> torch.Tensor:
-    q, k, v = split_packed(qkv, num_k_heads, head_k_dim, head_v_dim)
-    return _verify(q, k, v, g, beta, state, None, None, None, None, scale, use_qk_l2norm, commit_one=True)
-
-
-@_gdn_decode_packed_op.register_fake
-def _(qkv, g, beta, state, num_k_heads, head_k_dim, head_v_dim, scale, use_qk_l2norm):
     B, T, C = qkv.shape
     return qkv.new_empty(B, T, (C - 2 * num_k_heads * head_k_dim) // head_v_dim, head_v_dim)
 
@@ -294,62 +263,9 @@ def gdn_verify_packed(
     return o, GDNFactors(*factors_out)
 
 
-def gdn_decode_packed(
-    qkv: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    *,
-    num_k_heads: int,
-    head_k_dim: int,
-    head_v_dim: int,
-    scale: float | None = None,
-    use_qk_l2norm: bool = True,
-) -> torch.Tensor:
-    """One token per row (`qkv` `[B, 1, 2 HK K + HV V]`, `g`, `beta` `[B, 1, HV]`): its output
-    `[B, 1, HV, V]`, as `gdn_verify_packed` gives it, and `state` advanced by the token in place, as
-    `gdn_commit` of its factors at m = 1 leaves it (the outer product in plain fp32 where the commit
-    kernel multiplies on the tensor cores: equal to ~1e-6). For AR steps, where every row commits
-    its one token."""
-    check(qkv.dim() == 3 and qkv.shape[1] == 1, f"qkv must be [B, 1, 2 HK K + HV V] (one token), got {tuple(qkv.shape)}")
-    C = qkv.shape[-1]
-    key_dim = num_k_heads * head_k_dim
-    check(num_k_heads >= 1 and head_k_dim >= 1 and head_v_dim >= 1 and C > 2 * key_dim
-          and (C - 2 * key_dim) % head_v_dim == 0,
-          f"qkv's last dim {C} is not 2 x {num_k_heads} key heads x {head_k_dim} plus value heads of {head_v_dim}")
-    q, k, v = split_packed(qkv, num_k_heads, head_k_dim, head_v_dim)
-    _check_inputs(q, k, v, g, beta, state, None)
-    return _gdn_decode_packed_op(qkv, g, beta, state, num_k_heads, head_k_dim, head_v_dim,
-                                 head_k_dim**-0.5 if scale is None else float(scale), use_qk_l2norm)
-
-
 def _checked(q, k, v, g, beta, state, num_tokens, factors_out: GDNFactors | None) -> GDNFactors:
     """Validate a verify call's inputs (`gdn_verify` says what they are); the factor buffers to
     write, allocated where none are given."""
-    _check_inputs(q, k, v, g, beta, state, num_tokens)
-    B, T, HK, K = q.shape
-    HV, V = v.shape[2:]
-    if factors_out is None:
-        factors_out = GDNFactors(
-            torch.empty(B, T, HV, V, dtype=torch.float32, device=q.device),
-            torch.empty(B, T, HK, K, dtype=torch.float32, device=q.device),
-            torch.empty(B, T, HV, dtype=torch.float32, device=q.device),
-        )
-    else:
-        for name, t, shape in (
-            ("z", factors_out.z, (B, T, HV, V)),
-            ("k", factors_out.k, (B, T, HK, K)),
-            ("g_cum", factors_out.g_cum, (B, T, HV)),
-        ):
-            check(
-                t.shape == shape and t.dtype == torch.float32 and t.is_contiguous() and t.device == q.device,
-                f"factors_out.{name} must be contiguous fp32 {list(shape)} on {q.device}, got {t.dtype} {tuple(t.shape)} on {t.device}",
-            )
-    return GDNFactors(*factors_out)
-
-
-def _check_inputs(q, k, v, g, beta, state, num_tokens) -> None:
-    """Validate the inputs of a verify or decode call (`gdn_verify` says what they are)."""
     check(q.dim() == 4 and k.shape == q.shape, f"q and k must be [B, T, HK, K] alike, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     B, T, HK, K = q.shape
     check(1 <= T <= MAX_TOKENS, f"T must be in 1..{MAX_TOKENS}, got q {tuple(q.shape)}")
@@ -368,6 +284,23 @@ def _check_inputs(q, k, v, g, beta, state, num_tokens) -> None:
     for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
         check(t.device == q.device, f"{name} is on {t.device}, q on {q.device}")
     check_lengths("num_tokens", num_tokens, B, q.device)
+    if factors_out is None:
+        factors_out = GDNFactors(
+            torch.empty(B, T, HV, V, dtype=torch.float32, device=q.device),
+            torch.empty(B, T, HK, K, dtype=torch.float32, device=q.device),
+            torch.empty(B, T, HV, dtype=torch.float32, device=q.device),
+        )
+    else:
+        for name, t, shape in (
+            ("z", factors_out.z, (B, T, HV, V)),
+            ("k", factors_out.k, (B, T, HK, K)),
+            ("g_cum", factors_out.g_cum, (B, T, HV)),
+        ):
+            check(
+                t.shape == shape and t.dtype == torch.float32 and t.is_contiguous() and t.device == q.device,
+                f"factors_out.{name} must be contiguous fp32 {list(shape)} on {q.device}, got {t.dtype} {tuple(t.shape)} on {t.device}",
+            )
+    return GDNFactors(*factors_out)
 
 
 def stack_factors(factors: Sequence[GDNFactors]) -> GDNFactors:

@@ -7,12 +7,6 @@ One program per (value-column tile, batch x value head). Per program, with T pad
 
 Columns of V, Z and O are independent, so each program owns a BV-wide slice of them and recomputes
 the tiny T x T matrices. No per-token K x V state is formed.
-
-`COMMIT_ONE` (an AR step: T = 1, every row commits its token): instead of the factors, each program
-writes its columns of the next state in place, `S_1 = e^{G_1} S_0 + k_1^T z_1` (the commit at m = 1,
-docs/design.md eq. 5, with the outer product in plain fp32), so no commit kernel reads and writes
-every state again. Each program reads and writes only its own columns, so no program reads a column
-another has written.
 """
 
 from __future__ import annotations
@@ -36,7 +30,6 @@ def gdn_verify_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-    COMMIT_ONE: tl.constexpr = False,
 ):
     pdl_enter(USE_PDL)
     i_v = tl.program_id(0)
@@ -120,25 +113,13 @@ def gdn_verify_kernel(
 
     out_rows = (b * T + rows[:, None]) * HV + h
     tl.store(o_ptr + out_rows * V + cols_v[None, :], O.to(o_ptr.dtype.element_ty), mask=in_bounds[:, None])
-    if COMMIT_ONE:
-        first = rows == 0
-        z1 = tl.sum(tl.where(first[:, None], Z, 0.0), axis=0)  # [BV]
-        eG1 = tl.sum(tl.where(first, eG, 0.0), axis=0)
-        rk1 = tl.sum(tl.where(first, rk, 0.0), axis=0)
-        for c in tl.static_range(0, K, BK):
-            cols_k = c + tl.arange(0, BK)
-            k1 = tl.load(k_ptr + b * skb + hk * skh + cols_k).to(tl.float32) * rk1  # [BK]
-            S0 = tl.load(s_base + cols_k[:, None] * V)
-            tl.store(s_base + cols_k[:, None] * V, eG1 * S0 + k1[:, None] * z1[None, :])
-    else:
-        # the factors that commit any prefix of the round (gdn_commit)
-        tl.store(z_ptr + out_rows * V + cols_v[None, :], Z, mask=in_bounds[:, None])
-        if i_v == 0:
-            tl.store(gcum_ptr + (b * T + rows) * HV + h, G, mask=in_bounds)
-            if h % (HV // HK) == 0:
-                kn_rows = (b * T + rows[:, None]) * HK + hk
-                for c in tl.static_range(0, K, BK):
-                    cols_k = c + tl.arange(0, BK)
-                    k = tl.load(k_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
-                    k = tl.where(valid[:, None], k, 0.0) * rk[:, None]
-                    tl.store(kn_ptr + kn_rows * K + cols_k[None, :], k, mask=in_bounds[:, None])
+    tl.store(z_ptr + out_rows * V + cols_v[None, :], Z, mask=in_bounds[:, None])
+    if i_v == 0:
+        tl.store(gcum_ptr + (b * T + rows) * HV + h, G, mask=in_bounds)
+        if h % (HV // HK) == 0:
+            kn_rows = (b * T + rows[:, None]) * HK + hk
+            for c in tl.static_range(0, K, BK):
+                cols_k = c + tl.arange(0, BK)
+                k = tl.load(k_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
+                k = tl.where(valid[:, None], k, 0.0) * rk[:, None]
+                tl.store(kn_ptr + kn_rows * K + cols_k[None, :], k, mask=in_bounds[:, None])

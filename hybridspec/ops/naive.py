@@ -103,11 +103,3 @@ def gdn_commit(states, z, k, g_cum, num_commit):
         nxt = g[:, :, t].exp()[..., None, None] * S + kr[:, :, t, :, :, None] * z[:, :, t, :, None, :].float()
         S = torch.where(take, nxt, S)
     states.copy_(S)
-
-
-def gdn_decode(q, k, v, g, beta, state, *, scale=None, use_qk_l2norm=True):
-    """Naive twin of `hybridspec.ops.gdn_decode_packed` on the split q, k, v (T = 1): the token's
-    output `o` in the dtype of `v`, and `state` `[B, HV, K, V]` advanced by the token, in place."""
-    o, z, kn, g_cum, states = recurrent_states(q, k, v, g, beta, state, scale=scale, use_qk_l2norm=use_qk_l2norm)
-    state.copy_(states[:, -1])
-    return o.to(v.dtype)

@@ -13,7 +13,7 @@ from transformers.activations import ACT2FN
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.fused import fused_rows, fused_weight, plain_unsharded, project
-from hybridspec.ops import decode_attention, gdn_decode_packed, gdn_verify_packed, route_topk, route_topk_partials, small_linear, small_linear_partials
+from hybridspec.ops import decode_attention, gdn_verify_packed, route_topk, route_topk_partials, small_linear, small_linear_partials
 from hybridspec.ops import linear as linear_ops
 from hybridspec.ops import moe as moe_ops
 from hybridspec.ops.linear import fits
@@ -25,20 +25,12 @@ from hybridspec.state import GDNSlot
 def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     """Causal depthwise conv of the round's pre-conv inputs `[B, C, w]` after the layer's window
     `[B, C, K]` (K the kernel size), then the activation, as transformers' single-step update
-    computes them; the inputs are kept for the commit (an AR step's window moves on here instead:
-    `GDNSlot.decoding`)."""
+    computes them; the inputs are kept for the commit."""
     w = mixed.shape[-1]
-    window = slot.window
-    if slot.decoding:
-        # an AR step commits its one token here: the window moves on in place (a copy: the conv
-        # below reads the old one)
-        window = window.clone()
-        slot.window.copy_(torch.cat([window, mixed], dim=-1)[..., w:])
-    else:
-        slot.inputs[:, :, :w] = mixed
+    slot.inputs[:, :, :w] = mixed
     weight = mod.conv1d.weight[:, 0].float()  # [C, K]
     K = weight.shape[-1]
-    full = torch.cat([window, mixed], dim=-1).float()  # [B, C, K + w]
+    full = torch.cat([slot.window, mixed], dim=-1).float()  # [B, C, K + w]
     # output t reads full[t + 1 .. t + K]: the conv as K shifted products summed in fp32 and rounded
     # once to the weight's dtype, as a 16-bit conv1d rounds its fp32 accumulator. Elementwise work
     # that inductor fuses with the activation and the split after it, where F.conv1d (and its
@@ -55,12 +47,8 @@ def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | N
     """GDN verify of one layer (`mixed` `[B, w, C]`: the conv's q, k and v side by side) into the
     round's factor buffers, then the gated norm and out_proj."""
     B, w = mixed.shape[:2]
-    heads = dict(num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim, head_v_dim=mod.head_v_dim)
-    if slot.decoding:
-        # an AR step: the state advanced by its one token in place, no factors (HybridState.decoding)
-        o = gdn_decode_packed(mixed, g, beta, slot.state, **heads)
-    else:
-        o, _ = gdn_verify_packed(mixed, g, beta, slot.state, num_tokens=num_tokens, factors_out=slot.factors, **heads)
+    o, _ = gdn_verify_packed(mixed, g, beta, slot.state, num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim,
+                             head_v_dim=mod.head_v_dim, num_tokens=num_tokens, factors_out=slot.factors)
     o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
     out = split_out_projection(mod.out_proj, o)
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)

@@ -194,17 +194,12 @@ def ar_step(target: Target, state: HybridState, anchor: torch.Tensor, sampler: S
     """One autoregressive token after `anchor` `[B, 1]`: verify it alone, accept, commit. Returns
     `(tokens [B, 1], accepted [B] (zeros), empty [B])`. `fused_head`: take the argmax from the
     fused head, where the caller found that `fused_head_applies` (once, not every step)."""
-    # every row commits its one token: the GDN layers commit it as they verify it (HybridState.decoding)
-    state.decoding = True
-    try:
-        hidden, _ = stages.verify(target, state, anchor, None, None, 1, False)
-        if fused_head:
-            emitted, accepted, empty = stages.top1_accept(target, hidden, anchor[:, :0], None)
-        else:
-            _, processed = stages.score(target, hidden, anchor[:, :0], sampler.process)
-            emitted, accepted = stages.accept(sampler.own_rule, processed, anchor[:, :0], None)
-            empty = sampler.empty(processed, accepted)
-        stages.commit(state, None, hidden[..., :0], accepted + 1)
-    finally:
-        state.decoding = False
+    hidden, _ = stages.verify(target, state, anchor, None, None, 1, False)
+    if fused_head:
+        emitted, accepted, empty = stages.top1_accept(target, hidden, anchor[:, :0], None)
+    else:
+        _, processed = stages.score(target, hidden, anchor[:, :0], sampler.process)
+        emitted, accepted = stages.accept(sampler.own_rule, processed, anchor[:, :0], None)
+        empty = sampler.empty(processed, accepted)
+    stages.commit(state, None, hidden[..., :0], accepted + 1)
     return emitted, accepted, empty

@@ -1,13 +1,11 @@
 """GDN verify/commit kernels against the token-by-token recurrence (hybridspec.ops.naive)."""
 
-import dataclasses
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridspec.ops import GDNFactors, gdn_commit, gdn_decode_packed, gdn_verify, gdn_verify_packed, naive
+from hybridspec.ops import GDNFactors, gdn_commit, gdn_verify, gdn_verify_packed, naive
 from hybridspec.ops import gdn as gdn_mod
 from hybridspec.ops.gdn import verify_block_v
 from tests.helpers import assert_rel
@@ -200,39 +198,6 @@ def test_packed_equals_split(device, case, data):
         assert torch.equal(a, b)
 
 
-@settings(max_examples=20)
-@given(case=gdn_cases(head_dims=(16, 32, 64)), data=st.data())
-def test_decode_is_verify_then_commit_of_one_token(device, case, data):
-    """`gdn_decode_packed` (an AR step's verification, committing its one token in place) gives
-    `gdn_verify_packed`'s output bit for bit and the state `gdn_commit` at m = 1 leaves, and both
-    match the recurrence; the kernel writes every column of the state (it starts as NaN-free data
-    and is compared whole)."""
-    case = dataclasses.replace(case, T=1)
-    q, k, v, g, beta, state = make_inputs(case, device)
-    qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
-    heads = dict(num_k_heads=case.HK, head_k_dim=case.K, head_v_dim=case.V)
-    with expect_launch("gdn_verify"):
-        want, f = gdn_verify_packed(qkv, g, beta, state, **heads)
-    committed = state[None].clone()
-    gdn_commit(committed, GDNFactors(*(x[None] for x in f)), torch.ones(case.B, dtype=torch.long, device=device))
-    decoded = state.clone()
-    with expect_launch("gdn_decode"):
-        got = gdn_decode_packed(qkv, g, beta, decoded, **heads)
-    assert torch.equal(got, want)
-    assert_rel(decoded.cpu(), committed[0].cpu(), STATE_TOL, "state after one token")
-    ref_o, _, _, _, ref_states = naive.recurrent_states(*(x.float().cpu() for x in (q, k, v, g, beta, state)))
-    assert_rel(got.float().cpu(), ref_o, OUT_TOL[case.dtype], "o")
-    assert_rel(decoded.cpu(), ref_states[:, 0], STATE_TOL, "state")
-
-
-def test_decode_rejects_more_than_one_token(device):
-    case = GDNCase(B=1, T=2, HK=1, group=2, K=16, V=16, dtype=torch.float32, decay="moderate", gate="random", seed=0)
-    q, k, v, g, beta, state = make_inputs(case, device)
-    qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
-    with pytest.raises(ValueError, match="one token"):
-        gdn_decode_packed(qkv, g, beta, state, num_k_heads=1, head_k_dim=16, head_v_dim=16)
-
-
 def test_packed_rejects_a_width_that_does_not_split(device):
     case = GDNCase(B=1, T=2, HK=1, group=2, K=16, V=16, dtype=torch.float32, decay="moderate", gate="random", seed=0)
     q, k, v, g, beta, state = make_inputs(case, device)
@@ -267,9 +232,6 @@ def test_opcheck(device):
     )
     torch.library.opcheck(
         torch.ops.hybridspec.gdn_commit.default, (state[None].clone(), f.z, f.k, f.g_cum, torch.tensor([3], device=device))
-    )
-    torch.library.opcheck(
-        torch.ops.hybridspec.gdn_decode_packed.default, (qkv[:, :1], g[:, :1], beta[:, :1], state.clone(), 1, 16, 16, 0.25, True)
     )
 
 
