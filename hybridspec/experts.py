@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from hybridspec.ops import moe as moe_ops
 from hybridspec.ops.moe import moe_experts
-from hybridspec.ops.moe_partials import moe_combine, moe_experts_partials, moe_experts_partials_torch
+from hybridspec.ops.moe_partials import moe_combine, moe_experts_partials
 from hybridspec.parallel import local
 
 NAME = "hybridspec"
@@ -74,15 +73,13 @@ def hybridspec_experts_forward(
 
     `combine_here` (hybridspec's own callers, inside a compiled region): the op without its reduce
     (`moe_experts_partials`) and the weighted sum in plain torch (`moe_combine`), which the
-    compiler fuses into whatever reads the result: the same sums, one launch fewer. At one row with
-    `MoEKernelConfig.one_row_reductions` the experts too are plain torch (`moe_experts_partials_torch`)."""
+    compiler fuses into whatever reads the result: the same sums, one launch fewer."""
     _check_supported(self)
     gate_up, down = local(self.gate_up_proj), local(self.down_proj)
     x = hidden_states.to(gate_up.dtype)
     if combine_here:
-        one_row = x.shape[0] == 1 and moe_ops.KERNEL_CONFIG.one_row_reductions
-        partials = moe_experts_partials_torch if one_row else moe_experts_partials
-        y = partials(x, top_k_index, gate_up, down, num_tokens=num_tokens, shared=None if shared is None else shared[:2])
+        y = moe_experts_partials(x, top_k_index, gate_up, down, num_tokens=num_tokens,
+                                 shared=None if shared is None else shared[:2])
         out = moe_combine(y, top_k_index, top_k_weights, gate_up.shape[0], gate_up.dtype, num_tokens=num_tokens,
                           shared_gate=None if shared is None else shared[2])
     else:

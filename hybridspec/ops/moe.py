@@ -68,10 +68,6 @@ class MoEKernelConfig:
     # the H200 the AR step 2.954 against 3.033 ms and C(16) 1.29x its bound, and the captured
     # runner's GPU tests pass with it (docs/benchmarks.md, "The MoE reduce in the consumer")
     combine_in_consumer: bool = True
-    # with combine_in_consumer, inside a compiled layer of one row, the experts as plain torch GEMVs
-    # over their indexed weights (`moe_experts_partials_torch`) for inductor's reduction kernels
-    # instead of the op's gate/up and down kernels
-    one_row_reductions: bool = False
     # programmatic dependent launch of the three kernels: each starts while the kernel before it runs
     # (down and reduce alone: 1.4-2 us less per call on an H200). Needs sm90+ CUDA and
     # `dispatch.PDL`; ignored on older GPUs and under the interpreter

@@ -21,7 +21,6 @@ there may differ in the last bit from eager; fp32 models compute the same sums).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from hybridspec.ops import naive_moe
 from hybridspec.ops.checks import FLOAT_INPUTS, check, is_integer
@@ -83,57 +82,6 @@ def moe_experts_partials(
     check(len(shared) == 2, f"shared must be (gate_up, down) here (the gate is moe_combine's), got {len(shared)} tensors")
     check_shared(hidden, down_proj, *shared)
     return _moe_experts_partials_op(hidden, topk_ids, gate_up_proj, down_proj, num_tokens, *shared)
-
-
-def moe_experts_partials_torch(
-    hidden: torch.Tensor,
-    topk_ids: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-    *,
-    num_tokens: torch.Tensor | None = None,
-    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """`moe_experts_partials` in plain torch, for a compiled decode step of one row: each
-    assignment's expert as two GEMVs over its weights indexed by id, `gate_up_proj[id] @ x` and
-    `down_proj[id] @ act`, written as products summed over the last dim, which inductor turns into
-    reduction kernels that load the indexed rows themselves (no gathered copy of the weights).
-
-    Why: at one row the experts op's tiles run on 72 programs (9 experts x 8 column slices) and reach
-    about 64% of an H100's DRAM peak alone; inductor's reductions over one-row GEMVs of the same size
-    (the mixers' input projections under coordinate-descent tuning) reach about 85%. Each row reads
-    its own experts' weights, so T rows read T x k experts: for T = 1 only where speed matters.
-
-    The same result as `moe_experts_partials` (fp32 products and sums in another order, the SwiGLU
-    output rounded to the weight dtype); invalid assignments (ids outside `[0, E)`, rows at or past
-    `num_tokens`) read expert 0 and are selected to zero."""
-    check_inputs(hidden, topk_ids, gate_up_proj, down_proj, num_tokens)
-    if shared is not None:
-        check(len(shared) == 2, f"shared must be (gate_up, down) here, got {len(shared)} tensors")
-        check_shared(hidden, down_proj, *shared)
-    T = hidden.shape[0]
-    E, I = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
-    dtype = gate_up_proj.dtype
-    ids = topk_ids.long()
-    valid = (ids >= 0) & (ids < E)  # [T, k]
-    rows_ok = None
-    if num_tokens is not None:
-        rows_ok = torch.arange(T, device=hidden.device) < num_tokens.reshape(())
-        valid = valid & rows_ok[:, None]
-    picked = ids.clamp(0, E - 1)
-    gate_up, down = gate_up_proj[picked], down_proj[picked]  # [T, k, 2I, H], [T, k, H, I]: views to inductor
-    if shared is not None:
-        # the shared expert as slot k: inductor lowers this cat as masked loads inside the reductions
-        # below (its `pointwise_cat`), so the block is two reductions, gate/up and down, as the op's
-        # two kernels; eagerly (the CPU tests) it is a copy
-        gate_up = torch.cat([gate_up, shared[0].expand(T, 1, 2 * I, -1)], dim=1)
-        down = torch.cat([down, shared[1].expand(T, 1, -1, I)], dim=1)
-        counted = torch.ones_like(valid[:, :1]) if rows_ok is None else rows_ok[:, None]
-        valid = torch.cat([valid, counted], dim=1)
-    gu = (gate_up.float() * hidden.float()[:, None, None, :]).sum(-1)  # [T, k (+1), 2I]
-    act = (F.silu(gu[..., :I]) * gu[..., I:]).to(dtype).float()
-    y = (down.float() * act[..., None, :]).sum(-1)  # [T, k (+1), H]
-    return torch.where(valid[..., None], y, 0.0)
 
 
 def moe_combine(

@@ -9,7 +9,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hybridspec.ops import moe_combine, moe_experts, moe_experts_partials, moe_experts_partials_torch, naive_moe
+from hybridspec.ops import moe_combine, moe_experts, moe_experts_partials, naive_moe
 from hybridspec.ops.moe import piece_rows
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
@@ -79,44 +79,6 @@ def test_combined_is_moe_experts(device, case):
         assert_rel(got.cpu().float(), want.cpu().float(), 1e-6 if case.dtype == torch.float32 else 8e-3, "combined")
         if case.n is not None:
             assert torch.equal(got[case.n :].cpu(), torch.zeros_like(got[case.n :].cpu()))
-
-
-@settings(max_examples=20)
-@given(case=moe_cases(max_tokens=4))
-@example(case=MoECase(T=1, K=8, E=16, H=64, I=32, dtype=torch.bfloat16, routing="random", n=None, seed=3))
-@example(case=MoECase(T=1, K=2, E=6, H=32, I=16, dtype=torch.float32, routing="shared", n=0, seed=7))
-def test_torch_form_matches_naive(case):
-    """`moe_experts_partials_torch` is the twin's y, slot for slot: zeros where an assignment gives
-    nothing (ids outside [0, E), rows past num_tokens, whose hidden rows are NaN), never NaN."""
-    hidden, ids, _, gate_up, down, nt = make_inputs(case, "cpu")
-    s_gate_up, s_down, _ = make_shared(case, "cpu")
-    for shared in (None, (s_gate_up, s_down)):
-        y = moe_experts_partials_torch(hidden, ids, gate_up, down, num_tokens=nt, shared=shared)
-        ref = naive_moe.moe_experts_partials(hidden, ids, gate_up, down, nt, *(shared or ()))
-        assert y.dtype == torch.float32 and y.shape == ref.shape
-        assert not torch.isnan(y).any(), "an invalid slot leaked its NaN row"
-        assert_rel(y, ref, Y_TOL[case.dtype], "torch form vs naive")
-        invalid = ~_valid(case, ids)
-        assert torch.equal(y[:, : case.K][invalid], torch.zeros_like(y[:, : case.K][invalid]))
-
-
-def test_torch_form_compiles_in_the_block():
-    """One row, the torch form and the combine in one compiled region with the residual add (the
-    decode step's use, with `MoEKernelConfig.one_row_reductions`): no graph break, the eager result."""
-    case = MoECase(T=1, K=2, E=4, H=32, I=16, dtype=torch.float32, routing="random", n=1, seed=5)
-    hidden, ids, wts, gate_up, down, nt = make_inputs(case, "cpu")
-    s_gate_up, s_down, logits = make_shared(case, "cpu")
-
-    def block(residual, hidden, ids, wts, gate_up, down, nt, s_gate_up, s_down, logits):
-        y = moe_experts_partials_torch(hidden, ids, gate_up, down, num_tokens=nt, shared=(s_gate_up, s_down))
-        return residual + moe_combine(y, ids, wts, gate_up.shape[0], hidden.dtype, num_tokens=nt, shared_gate=logits)
-
-    args = (torch.randn(1, case.H), hidden, ids, wts, gate_up, down, nt, s_gate_up, s_down, logits)
-    eager = block(*args)
-    compiled = torch.compile(block, fullgraph=True)(*args)
-    assert_rel(compiled, eager, 1e-5, "compiled vs eager")
-    want = moe_experts(hidden, ids, wts, gate_up, down, num_tokens=nt, shared=(s_gate_up, s_down, logits))
-    assert_rel(eager - args[0], want, 1e-5, "torch form + combine vs moe_experts")
 
 
 @pytest.mark.parametrize("T, K, n", [(21, 2, None), (70, 2, 66), (70, 1, 40)])

@@ -154,14 +154,11 @@ def test_captured_split_out_projections_equal_target_only(build, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("one_row", [False, True])
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
-def test_captured_moe_combine_in_consumer_equals_target_only(build, one_row, monkeypatch):
+def test_captured_moe_combine_in_consumer_equals_target_only(build, monkeypatch):
     """`MoEKernelConfig(combine_in_consumer=True)`: inside the compiled layers every MoE block runs
     `moe_experts_partials` and its weighted sum fused into the residual add (no reduce launch in
-    the captured step); with `one_row_reductions` the AR step's one-row blocks run the experts as
-    plain torch instead (`moe_experts_partials_torch`) and the rounds keep the op. AR steps and
-    rounds give target-only decoding's tokens on fp32 models."""
+    the captured step); AR steps and rounds give target-only decoding's tokens on fp32 models."""
     from dataclasses import replace
 
     from hybridspec.ops import moe as moe_ops
@@ -170,21 +167,18 @@ def test_captured_moe_combine_in_consumer_equals_target_only(build, one_row, mon
 
     model = build(seed=4).cuda()
     ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
-    monkeypatch.setattr(moe_ops, "KERNEL_CONFIG", replace(moe_ops.KERNEL_CONFIG, combine_in_consumer=True,
-                                                          one_row_reductions=one_row))
+    monkeypatch.setattr(moe_ops, "KERNEL_CONFIG", replace(moe_ops.KERNEL_CONFIG, combine_in_consumer=True))
+    before = launch_counts["moe_experts_partials"]
     inner = tiny_drafter().cuda()
     inner.bind(model)
     drafter = DeviceReplayDrafter(inner, ref[0, PROMPT.shape[1]:], vocab_size=model.config.vocab_size)
     for spec in (None, drafter):
-        before = launch_counts["moe_experts_partials"]
         runner = Runner(model, spec, FixedPolicy("fixed", 8) if spec is not None else None, capacity=256)
         assert runner.captured
         out, _ = runner.generate(PROMPT.cuda(), MAX_NEW)
         assert torch.equal(out, ref)
-        # the compiled blocks took the partials (counted when traced and captured), but for the AR
-        # runner's one-row step under one_row_reductions (the prefill runs eagerly, on moe_experts)
-        took_op = launch_counts["moe_experts_partials"] > before
-        assert took_op == (spec is not None or not one_row)
+        # the compiled blocks took the partials (counted when traced and captured)
+        assert launch_counts["moe_experts_partials"] > before
 
 
 @pytest.mark.gpu
