@@ -44,6 +44,23 @@ def _leading_rows(f: torch.Tensor, w: int) -> torch.Tensor:
     return f.reshape(Lg, -1)[:, : B * w * f[0, 0, 0].numel()].view(Lg, B, w, *rest)
 
 
+def commit_buffers(gdn_states: torch.Tensor, factors: GDNFactors, conv_windows: torch.Tensor,
+                   conv_inputs: torch.Tensor, length: torch.Tensor, num_commit: torch.Tensor) -> None:
+    """`HybridState.commit` on the buffers: the GDN states from the round's factors, each conv window
+    m inputs on, each row's length m on (`factors` for the `w` tokens the round wrote)."""
+    gdn_commit(gdn_states, factors, num_commit)
+    k, w = conv_windows.shape[-1], factors.z.shape[2]
+    # the window after m more inputs is columns m .. m + k - 1 of [window, inputs]; gathered from
+    # each side without the concatenation, which compiled was a kernel of its own (12 us an AR step
+    # on an H100)
+    index = (num_commit[:, None] + torch.arange(k, device=conv_windows.device))[None, :, None, :]
+    index = index.expand(*conv_windows.shape[:-1], k)
+    old = conv_windows.gather(-1, index.clamp(max=k - 1))
+    new = conv_inputs[..., :w].gather(-1, (index - k).clamp(min=0, max=w - 1))
+    conv_windows.copy_(torch.where(index < k, old, new))
+    length += num_commit.to(length.dtype)
+
+
 @dataclass
 class HybridState:
     gdn_layers: list[int]
@@ -64,7 +81,7 @@ class HybridState:
     num_tokens: torch.Tensor | None = None
     # the commit's body (`commit_buffers`); the CUDA-graph runner sets a compiled copy
     # (`hybridspec.cache.compiled_copy`): eagerly it is about ten small kernels besides the GDN commit
-    commit_fn: Callable = field(default=None, repr=False)
+    commit_fn: Callable = field(default=commit_buffers, repr=False)
     # model layer -> index into the GDN buffers / the KV lists, built once per request
     gdn_slot: dict[int, int] = field(init=False)
     attn_slot: dict[int, int] = field(init=False)
@@ -72,8 +89,6 @@ class HybridState:
     def __post_init__(self):
         self.gdn_slot = {layer: n for n, layer in enumerate(self.gdn_layers)}
         self.attn_slot = {layer: n for n, layer in enumerate(self.attn_layers)}
-        if self.commit_fn is None:
-            self.commit_fn = commit_buffers
 
     def round_factors(self, w: int) -> GDNFactors:
         """Factor buffers of a w-token round, `[Lg, B, w, ...]`, contiguous per layer."""
@@ -112,20 +127,3 @@ class HybridState:
         device (each row advances by its own m; m = 0 keeps a row as it is); no host read."""
         self.commit_fn(self.gdn_states, self.round_factors(self.written), self.conv_windows, self.conv_inputs,
                        self.length, num_commit)
-
-
-def commit_buffers(gdn_states: torch.Tensor, factors: GDNFactors, conv_windows: torch.Tensor,
-                   conv_inputs: torch.Tensor, length: torch.Tensor, num_commit: torch.Tensor) -> None:
-    """`HybridState.commit` on the buffers: the GDN states from the round's factors, each conv window
-    m inputs on, each row's length m on (`factors` for the `w` tokens the round wrote)."""
-    gdn_commit(gdn_states, factors, num_commit)
-    k, w = conv_windows.shape[-1], factors.z.shape[2]
-    # the window after m more inputs is columns m .. m + k - 1 of [window, inputs]; gathered from
-    # each side without the concatenation, which compiled was a kernel of its own (12 us an AR step
-    # on an H100)
-    index = (num_commit[:, None] + torch.arange(k, device=conv_windows.device))[None, :, None, :]
-    index = index.expand(*conv_windows.shape[:-1], k)
-    old = conv_windows.gather(-1, index.clamp(max=k - 1))
-    new = conv_inputs[..., :w].gather(-1, (index - k).clamp(min=0, max=w - 1))
-    conv_windows.copy_(torch.where(index < k, old, new))
-    length += num_commit.to(length.dtype)

@@ -17,6 +17,16 @@ M, W_COL, W0_COL, EMPTY_COL, L0_COL = range(5)
 EXTRA = 5
 
 
+def write_outputs(anchor: torch.Tensor, budget: torch.Tensor, out: torch.Tensor, tokens: torch.Tensor,
+                  accepted: torch.Tensor, w: torch.Tensor, w0: torch.Tensor, empty: torch.Tensor,
+                  layer0: torch.Tensor) -> None:
+    """`RoundIO.finish` on the buffers."""
+    anchor.copy_(tokens.gather(1, accepted[:, None]))
+    budget.sub_(accepted + 1)
+    width = out.shape[1] - EXTRA
+    out.copy_(torch.cat([tokens[:, :width], torch.stack([accepted + 1, w, w0, empty, layer0], dim=-1)], dim=-1))
+
+
 @dataclass
 class RoundIO:
     anchor: torch.Tensor  # [B, 1] long: x_0, the newest token the target has not processed
@@ -24,11 +34,7 @@ class RoundIO:
     out: torch.Tensor  # [B, T + EXTRA] long
     # the body of `finish` (`write_outputs`); a compiled runner sets a compiled copy
     # (`hybridspec.cache.compiled_copy`): eagerly it is about eight small kernels
-    finish_fn: Callable = field(default=None, repr=False)
-
-    def __post_init__(self):
-        if self.finish_fn is None:
-            self.finish_fn = write_outputs
+    finish_fn: Callable = field(default=write_outputs, repr=False)
 
     @classmethod
     def allocate(cls, width: int, device, batch_size: int = 1) -> RoundIO:
@@ -40,13 +46,3 @@ class RoundIO:
                empty: torch.Tensor, layer0: torch.Tensor) -> None:
         """After a step: the next anchor, the budget left, and the row the host reads."""
         self.finish_fn(self.anchor, self.budget, self.out, tokens, accepted, w, w0, empty, layer0)
-
-
-def write_outputs(anchor: torch.Tensor, budget: torch.Tensor, out: torch.Tensor, tokens: torch.Tensor,
-                  accepted: torch.Tensor, w: torch.Tensor, w0: torch.Tensor, empty: torch.Tensor,
-                  layer0: torch.Tensor) -> None:
-    """`RoundIO.finish` on the buffers."""
-    anchor.copy_(tokens.gather(1, accepted[:, None]))
-    budget.sub_(accepted + 1)
-    width = out.shape[1] - EXTRA
-    out.copy_(torch.cat([tokens[:, :width], torch.stack([accepted + 1, w, w0, empty, layer0], dim=-1)], dim=-1))
