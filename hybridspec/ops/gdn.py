@@ -36,8 +36,12 @@ class GDNFactors(NamedTuple):
 # keeps at least `min_programs` programs. At B = 1 and 2 the 35B-A3B shape (32 heads of 128 columns)
 # keeps 32 (128 and 256 programs); at B = 4 it takes 64 (256 programs), which on the H200 measured
 # 10.7 against 15 us a verify and 0.11-0.15 ms less GDN per round (docs/benchmarks.md,
-# "Batched rounds: wider tiles"); at B = 1 the sweep's best stays 32 (benchmarks/sweep_gdn.py)
-VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4, "BV_max": 64, "min_programs": 256}
+# "Batched rounds: wider tiles"); at B = 1 the sweep's best stays 32 (benchmarks/sweep_gdn.py).
+# `one_row` (0 or 1): a T = 1 call (the AR step) takes the kernel's one-row path, fp32 sums with no
+# dots, with `BV_one_row` value columns a program: on an H100 the 16-row path took ~5.7 us a layer
+# at T = 1 against ~0.6 us to read the state (gdn_verify_triton.py); not yet timed on a GPU.
+VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4, "BV_max": 64, "min_programs": 256, "one_row": 1,
+                 "BV_one_row": 32}
 COMMIT_CONFIG = {"BV": 32, "num_warps": 4}
 # fp32 dots on the GPU: "ieee" lowers to FMA loops that spill heavily at K = 128; 3xTF32 runs on
 # tensor cores with ~1e-6 relative error. The interpreter computes every dot in plain fp32.
@@ -61,6 +65,12 @@ def verify_block_v(V: int, rows: int, config: dict = VERIFY_CONFIG) -> int:
     return bv
 
 
+def verify_block_v_one_row(V: int, config: dict = VERIFY_CONFIG) -> int:
+    """The one-row path's value tile: `BV_one_row` rounded down to a power of two (as `tl.arange`
+    needs), at least 16 and at most V."""
+    return min(V, 1 << (max(16, config["BV_one_row"]).bit_length() - 1))
+
+
 def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: float, use_qk_l2norm: bool) -> torch.Tensor:
     """The body of both verify ops: the kernel, or the naive twin (module docstring)."""
     B, T, HK, K = q.shape
@@ -69,7 +79,8 @@ def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: flo
     if use_triton(q):
         from hybridspec.ops.gdn_verify_triton import gdn_verify_kernel
 
-        BV = verify_block_v(V, B * HV)
+        one_row = T == 1 and bool(VERIFY_CONFIG["one_row"])
+        BV = verify_block_v_one_row(V) if one_row else verify_block_v(V, B * HV)
         pdl = use_pdl(q)
         gdn_verify_kernel[(V // BV, B * HV)](
             q, k, v, g, beta, state, num_tokens if num_tokens is not None else q,
@@ -82,7 +93,7 @@ def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: flo
             beta.stride(0), beta.stride(1),
             HK=HK, HV=HV, K=K, V=V, BT=MAX_TOKENS, BV=BV, BK=min(K, VERIFY_CONFIG["BK"]),
             HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm, PRECISION=_precision(q),
-            USE_PDL=pdl, num_warps=VERIFY_CONFIG["num_warps"], **pdl_launch(pdl),
+            USE_PDL=pdl, ONE_ROW=one_row, num_warps=VERIFY_CONFIG["num_warps"], **pdl_launch(pdl),
         )
         count_launch("gdn_verify")
         return o

@@ -1,13 +1,16 @@
 """GDN verify/commit kernels against the token-by-token recurrence (hybridspec.ops.naive)."""
 
+import dataclasses
+from unittest import mock
+
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hybridspec.ops import GDNFactors, gdn_commit, gdn_verify, gdn_verify_packed, naive
 from hybridspec.ops import gdn as gdn_mod
-from hybridspec.ops.gdn import verify_block_v
+from hybridspec.ops.gdn import verify_block_v, verify_block_v_one_row
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
 from tests.ops.gdn_inputs import GDNCase, gdn_cases, make_inputs
@@ -86,6 +89,111 @@ def test_verify_commit_qwen_head_dim(min_programs, case, data):
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(gdn_mod.VERIFY_CONFIG, "min_programs", min_programs)
         _check_round(case, "cuda", n, m)
+
+
+def test_one_row_tile():
+    """The one-row tile: `BV_one_row` rounded down to a power of two, within [16, V]."""
+    assert verify_block_v_one_row(128) == 32 and verify_block_v_one_row(16) == 16
+    for bv, want in ((48, 32), (8, 16), (256, 128)):
+        assert verify_block_v_one_row(128, {**gdn_mod.VERIFY_CONFIG, "BV_one_row": bv}) == want
+
+
+@st.composite
+def one_row_inputs(draw):
+    """A T = 1 case (the AR step), its `num_tokens` (None, or 0 or 1 per batch row) and whether q
+    and k are l2-normalised."""
+    case = dataclasses.replace(draw(gdn_cases(head_dims=(16, 32), max_batch=3)), T=1)
+    n = draw(st.none() | st.lists(st.integers(0, 1), min_size=case.B, max_size=case.B))
+    return case, n, draw(st.booleans())
+
+
+def _one_row_case(B, HK, group, K, V, dtype, seed):
+    return GDNCase(B=B, T=1, HK=HK, group=group, K=K, V=V, dtype=dtype, decay="mixed", gate="random", seed=seed)
+
+
+# grouped heads with B > 1 both ways, and the Qwen head dim (K = V = 128) once
+ONE_ROW_EXAMPLES = [
+    (_one_row_case(3, 2, 2, 32, 16, torch.bfloat16, 1), [1, 0, 1], True),
+    (_one_row_case(2, 1, 4, 16, 32, torch.float32, 2), None, False),
+    (_one_row_case(2, 2, 2, 128, 128, torch.bfloat16, 3), [0, 1], True),
+]
+
+
+def _one_row_round(case: GDNCase, device: str, n: list[int] | None, l2norm: bool):
+    """`gdn_verify` at T = 1 with the rows past `n` poisoned with NaN; returns (o, factors) and the
+    twin's (o, z, k, g_cum) on the same (upcast) inputs."""
+    q, k, v, g, beta, state = make_inputs(case, device)
+    nt = None if n is None else torch.tensor(n, device=device, dtype=torch.int32)
+    if nt is not None:
+        past = (nt == 0).view(-1, 1)  # [B, T = 1]
+        q, k, v, g, beta = (
+            torch.where(past.view(*past.shape, *([1] * (x.dim() - 2))), torch.full_like(x, float("nan")), x)
+            for x in (q, k, v, g, beta)
+        )
+    with expect_launch("gdn_verify"):
+        o, f = gdn_verify(q, k, v, g, beta, state, num_tokens=nt, use_qk_l2norm=l2norm)
+    ref = naive.gdn_verify(*(x.float().cpu() for x in (q, k, v, g, beta, state)), use_qk_l2norm=l2norm,
+                           num_tokens=None if nt is None else nt.cpu())
+    return (o, f), ref
+
+
+@settings(max_examples=10)
+@given(args=one_row_inputs())
+@example(args=ONE_ROW_EXAMPLES[0])
+@example(args=ONE_ROW_EXAMPLES[1])
+@example(args=ONE_ROW_EXAMPLES[2])
+def test_one_row_matches_recurrence(device, args):
+    """The one-row path (T = 1) against the twin; a row past `num_tokens` (n = 0) gives zeros
+    although its inputs are NaN."""
+    case, n, l2norm = args
+    assert gdn_mod.VERIFY_CONFIG["one_row"]
+    (o, f), (ref_o, ref_z, ref_k, ref_g) = _one_row_round(case, device, n, l2norm)
+    assert o.dtype == case.dtype and o.shape == (case.B, 1, case.HV, case.V)
+    assert_rel(o.float().cpu(), ref_o, OUT_TOL[case.dtype], "o")
+    assert_rel(f.z.cpu(), ref_z, STATE_TOL, "z")
+    assert_rel(f.k.cpu(), ref_k, STATE_TOL, "k")
+    assert_rel(f.g_cum.cpu(), ref_g, STATE_TOL, "g_cum")
+    for b in range(case.B):
+        if n is not None and n[b] == 0:
+            assert all(torch.equal(x[b], torch.zeros_like(x[b])) for x in (o, *f)), f"row past n in batch {b}"
+
+
+@settings(max_examples=6)
+@given(args=one_row_inputs())
+@example(args=ONE_ROW_EXAMPLES[0])
+def test_one_row_on_and_off_agree(device, args):
+    """`VERIFY_CONFIG["one_row"]` picks the path at T = 1 (0: the 16-row path); both give the same
+    outputs and factors within tolerance."""
+    case, n, l2norm = args
+    tiles = []
+    pick = verify_block_v_one_row
+    with mock.patch.object(gdn_mod, "verify_block_v_one_row", lambda *a: tiles.append(a) or pick(*a)):
+        (on_o, on_f), _ = _one_row_round(case, device, n, l2norm)
+        assert len(tiles) == 1, "one_row on: the one-row path was not taken"
+        with mock.patch.dict(gdn_mod.VERIFY_CONFIG, {"one_row": 0}):
+            (off_o, off_f), _ = _one_row_round(case, device, n, l2norm)
+        assert len(tiles) == 1, "one_row off: the one-row path was taken"
+    assert_rel(on_o.float(), off_o.float(), OUT_TOL[case.dtype], "o")
+    for name, a, b in zip(GDNFactors._fields, on_f, off_f):
+        assert_rel(a, b, STATE_TOL, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [None, [1], [0]], ids=["all", "n1", "n0"])
+def test_one_row_qwen_shape_cuda(n):
+    """The AR step at the 35B-A3B shape (B = 1, 16 key and 32 value heads of 128, bf16 q, k, v as
+    the model feeds them): the one-row path against the twin and against the 16-row path."""
+    case = GDNCase(B=1, T=1, HK=16, group=2, K=128, V=128, dtype=torch.bfloat16, decay="mixed", gate="random",
+                   seed=5)
+    (o, f), (ref_o, ref_z, ref_k, ref_g) = _one_row_round(case, "cuda", n, True)
+    assert_rel(o.float().cpu(), ref_o, OUT_TOL[case.dtype], "o")
+    for name, got, want in zip(GDNFactors._fields, f, (ref_z, ref_k, ref_g)):
+        assert_rel(got.cpu(), want, STATE_TOL, name)
+    with mock.patch.dict(gdn_mod.VERIFY_CONFIG, {"one_row": 0}):
+        (off_o, off_f), _ = _one_row_round(case, "cuda", n, True)
+    assert_rel(o.float(), off_o.float(), OUT_TOL[case.dtype], "o on/off")
+    for name, a, b in zip(GDNFactors._fields, f, off_f):
+        assert_rel(a, b, STATE_TOL, f"{name} on/off")
 
 
 @settings(max_examples=8)
