@@ -81,7 +81,12 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=1024, K=1024, KP=1024, NORMALIZE=True,
                                                                   INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=2),
-        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True),
+        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True,
+                                                                       ONE_ROW=False),
+                     types={"scale": "fp32"}),
+        # the AR step's one-row form (T = 1)
+        compile_sm90(gdn_verify_triton.gdn_verify_kernel, "fp32", dict(gdn, BV=32, BK=64, HAS_NUM_TOKENS=True, USE_L2NORM=True,
+                                                                       ONE_ROW=True),
                      types={"scale": "fp32"}),
         compile_sm90(gdn_commit_triton.gdn_commit_kernel, "fp32", dict(gdn, BV=32), types={"num_commit_ptr": "*i64"}),
         compile_sm90(attention_triton.decode_attention_split_kernel, "bf16",
