@@ -8,14 +8,14 @@ One program per (value-column tile, batch x value head). Per program, with T pad
 Columns of V, Z and O are independent, so each program owns a BV-wide slice of them and recomputes
 the tiny T x T matrices. No per-token K x V state is formed.
 
-The autoregressive step (T = 1) takes `ONE_ROW`: the same outputs from fp32 multiplies and sums over
+With `VERIFY_CONFIG["one_row"]` on, the autoregressive step (T = 1) takes `ONE_ROW`: the same outputs from fp32 multiplies and sums over
 the key dim, with no padding, dots or substitution,
 
     z = beta (v - e^g k^T S_0),   o = e^g S_0^T q + (q^T k) z     (q, k normalised and scaled)
 
 because at T = 1 the 16-row path took ~5.7 us a layer on an H100 where reading the 2 MB fp32 state
 needs ~0.6 us: padded tf32x3 dots, layout conversions and the substitution are latency on one row.
-The one-row path is not yet timed on a GPU.
+The one-row path has not yet run on a GPU, so it is off by default (hybridspec/ops/gdn.py).
 """
 
 from __future__ import annotations

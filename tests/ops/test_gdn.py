@@ -146,8 +146,8 @@ def test_one_row_matches_recurrence(device, args):
     """The one-row path (T = 1) against the twin; a row past `num_tokens` (n = 0) gives zeros
     although its inputs are NaN."""
     case, n, l2norm = args
-    assert gdn_mod.VERIFY_CONFIG["one_row"]
-    (o, f), (ref_o, ref_z, ref_k, ref_g) = _one_row_round(case, device, n, l2norm)
+    with mock.patch.dict(gdn_mod.VERIFY_CONFIG, {"one_row": 1}):
+        (o, f), (ref_o, ref_z, ref_k, ref_g) = _one_row_round(case, device, n, l2norm)
     assert o.dtype == case.dtype and o.shape == (case.B, 1, case.HV, case.V)
     assert_rel(o.float().cpu(), ref_o, OUT_TOL[case.dtype], "o")
     assert_rel(f.z.cpu(), ref_z, STATE_TOL, "z")
@@ -168,7 +168,8 @@ def test_one_row_on_and_off_agree(device, args):
     tiles = []
     pick = verify_block_v_one_row
     with mock.patch.object(gdn_mod, "verify_block_v_one_row", lambda *a: tiles.append(a) or pick(*a)):
-        (on_o, on_f), _ = _one_row_round(case, device, n, l2norm)
+        with mock.patch.dict(gdn_mod.VERIFY_CONFIG, {"one_row": 1}):
+            (on_o, on_f), _ = _one_row_round(case, device, n, l2norm)
         assert len(tiles) == 1, "one_row on: the one-row path was not taken"
         with mock.patch.dict(gdn_mod.VERIFY_CONFIG, {"one_row": 0}):
             (off_o, off_f), _ = _one_row_round(case, device, n, l2norm)
@@ -185,7 +186,8 @@ def test_one_row_qwen_shape_cuda(n):
     the model feeds them): the one-row path against the twin and against the 16-row path."""
     case = GDNCase(B=1, T=1, HK=16, group=2, K=128, V=128, dtype=torch.bfloat16, decay="mixed", gate="random",
                    seed=5)
-    (o, f), (ref_o, ref_z, ref_k, ref_g) = _one_row_round(case, "cuda", n, True)
+    with mock.patch.dict(gdn_mod.VERIFY_CONFIG, {"one_row": 1}):
+        (o, f), (ref_o, ref_z, ref_k, ref_g) = _one_row_round(case, "cuda", n, True)
     assert_rel(o.float().cpu(), ref_o, OUT_TOL[case.dtype], "o")
     for name, got, want in zip(GDNFactors._fields, f, (ref_z, ref_k, ref_g)):
         assert_rel(got.cpu(), want, STATE_TOL, name)
