@@ -1,0 +1,179 @@
+"""Registers, spills and shared memory of our Triton kernels compiled for sm90, on any machine.
+
+Each kernel is compiled for an H100/H200 (sm90, PDL on) at the 35B-A3B shapes the runner launches,
+with the installed Triton and the ptxas in its wheel, and never launched: no GPU is needed. Then
+`cuobjdump -res-usage` reads the registers a thread takes, the bytes a thread spills to its local
+stack and the static shared memory. A spilling kernel makes round trips to local memory. Tiles too
+large for the registers show up here before any GPU time is spent on them, and the table can be
+redone after a change.
+
+    python benchmarks/kernel_resources.py                       # the default rows
+    python benchmarks/kernel_resources.py --only gdn_verify     # the rows whose name starts so
+
+The GPU machines may run another Triton than this machine (the figures say which compiled them),
+so the counts are the compiler's view, not a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ACCEPTANCE = "not applicable (compiled kernels, nothing runs)"
+# the 35B-A3B GDN heads (16 key, 32 value, 128 wide) and one MoE piece of 16 rows at top-8
+GDN = dict(HK=16, HV=32, K=128, V=128, BT=16)
+MOE = dict(H=2048, I=512, K=8, BM=16, KP=8, SP=128, RB=16, GATHER=False)
+INTEGER_POINTERS = ("ids_ptr", "num_tokens_ptr")
+
+
+def compile_sm90(kernel, dtype: str, constexprs: dict, num_warps: int, num_stages: int = 3, fp32_pointers=(),
+                 types: dict | None = None):
+    """`kernel` compiled for sm90: pointers of `dtype` (int64 for ids and lengths, fp32 for
+    `fp32_pointers`), `types` by name where given, other runtime arguments int32."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {}
+    for name in kernel.arg_names:
+        if types and name in types:
+            signature[name] = types[name]
+        elif name in constexprs:
+            signature[name] = "constexpr"
+        elif name in INTEGER_POINTERS:
+            signature[name] = "*i64"
+        elif name.endswith("_ptr"):
+            signature[name] = "*fp32" if name in fp32_pointers else f"*{dtype}"
+        else:
+            signature[name] = "i32"
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def resources(compiled) -> dict:
+    """Registers, spill stack and static shared memory per thread / block of a compiled kernel
+    (`cuobjdump -res-usage` on its cubin), and whether its PTX has tensor-core instructions."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        Path(cubin).write_bytes(compiled.asm["cubin"])
+        text = subprocess.run([str(tool), "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", text)
+    if found is None:
+        raise SystemExit(f"cuobjdump printed no resource line:\n{text}")
+    regs, stack, shared = (int(x) for x in found.groups())
+    ptx = compiled.asm["ptx"]
+    return dict(registers=regs, spill_stack_bytes=stack, static_shared_bytes=shared,
+                shared_bytes=int(compiled.metadata.shared), tensor_cores="mma" in ptx or "wgmma" in ptx)
+
+
+def verify(one_row: bool, BV: int = 32, BK: int = 64, num_warps: int = 4):
+    """`gdn_verify_kernel` as the runner launches it: bf16 q, k, v and o, fp32 state and factors,
+    lengths on the device, 3xTF32 dots."""
+    from hybridspec.ops.gdn_verify_triton import gdn_verify_kernel
+
+    return compile_sm90(gdn_verify_kernel, "bf16",
+                        dict(GDN, BV=BV, BK=BK, HAS_NUM_TOKENS=True, USE_L2NORM=True, PRECISION="tf32x3",
+                             USE_PDL=True, ONE_ROW=one_row),
+                        num_warps, fp32_pointers=("g_ptr", "beta_ptr", "state_ptr", "z_ptr", "kn_ptr", "gcum_ptr"),
+                        types={"scale": "fp32"})
+
+
+def moe(kind: str, **changes):
+    """The experts' gate/up or down kernel (bf16, shared expert) at the default `MoEKernelConfig`
+    with `changes`."""
+    from dataclasses import replace
+
+    from hybridspec.ops import moe_triton
+    from hybridspec.ops.moe import KERNEL_CONFIG
+
+    cfg = replace(KERNEL_CONFIG, **changes)
+    flags = dict(HAS_NUM_TOKENS=True, HAS_SHARED=True, INTERPRET_BF16=False, USE_PDL=True, PRECISION="tf32")
+    if kind == "gate_up":
+        return compile_sm90(moe_triton.moe_gate_up_kernel, "bf16",
+                            dict(MOE, **flags, BN=cfg.gate_up_block_i, BK=cfg.gate_up_block_h,
+                                 BK_WIDE=cfg.gate_up_block_h, WRITE_ZEROS=False, ZB=256),
+                            cfg.gate_up_warps, cfg.num_stages, fp32_pointers=("y_ptr",))
+    dims = {k: MOE[k] for k in ("H", "I", "K", "BM", "KP", "SP", "RB", "GATHER")}
+    return compile_sm90(moe_triton.moe_down_kernel, "bf16",
+                        dict(dims, **flags, BN=cfg.down_block_h, BK=cfg.down_block_i, WRITE_ALL=True),
+                        cfg.down_warps, cfg.num_stages, fp32_pointers=("y_ptr",))
+
+
+def small_linear(**changes):
+    """`small_linear_kernel` on 16 rows at the default `LinearKernelConfig` with `changes` (the
+    split-K output projections' partials are fp32)."""
+    from dataclasses import replace
+
+    from hybridspec.ops.linear import KERNEL_CONFIG
+    from hybridspec.ops.linear_triton import small_linear_kernel
+
+    cfg = replace(KERNEL_CONFIG, **changes)
+    return compile_sm90(small_linear_kernel, "bf16",
+                        dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRECISION="tf32", UPCAST=False,
+                             INTERPRET_BF16=False, USE_PDL=True),
+                        cfg.num_warps, cfg.num_stages, fp32_pointers=("out_ptr",))
+
+
+# name -> (what it is, how to compile it)
+ROWS = {
+    "gdn_verify 16-row BV32 BK64 w4": ("the verification rounds' form (and the AR step's, one_row off)",
+                                       lambda: verify(False)),
+    "gdn_verify 16-row BV32 BK64 w8": ("8 warps", lambda: verify(False, num_warps=8)),
+    "gdn_verify 16-row BV32 BK32 w4": ("a narrower key chunk", lambda: verify(False, BK=32)),
+    "gdn_verify one-row BV32 BK64 w4": ("the AR step's one-row form (VERIFY_CONFIG one_row)", lambda: verify(True)),
+    "moe_gate_up default": ("the experts' gate/up at MoEKernelConfig's defaults", lambda: moe("gate_up")),
+    "moe_gate_up gate_up_warps=8": ("8 warps", lambda: moe("gate_up", gate_up_warps=8)),
+    "moe_gate_up gate_up_block_h=128": ("a narrower H step", lambda: moe("gate_up", gate_up_block_h=128)),
+    "moe_gate_up gate_up_block_i=32": ("a narrower I tile", lambda: moe("gate_up", gate_up_block_i=32)),
+    "moe_gate_up gate_up_block_i=32,gate_up_block_h=128": (
+        "both", lambda: moe("gate_up", gate_up_block_i=32, gate_up_block_h=128)),
+    "moe_down default": ("the experts' down at MoEKernelConfig's defaults", lambda: moe("down")),
+    "moe_down down_block_h=128,down_warps=4": ("wider H tile, 4 warps",
+                                               lambda: moe("down", down_block_h=128, down_warps=4)),
+    "small_linear default": ("16 rows at LinearKernelConfig's defaults", small_linear),
+    "small_linear num_stages=3": ("one pipelined tile fewer", lambda: small_linear(num_stages=3)),
+    "small_linear block_k=128": ("a narrower K step", lambda: small_linear(block_k=128)),
+}
+
+
+def main() -> None:
+    import platform
+
+    import triton
+
+    from benchmarks.common import print_table, write_json
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="the rows whose name starts with this")
+    parser.add_argument("--out", default="bench_out/kernel_resources")
+    args = parser.parse_args()
+    names = [n for n in ROWS if n.startswith(args.only)]
+    if not names:
+        raise SystemExit(f"--only {args.only!r} matches no row; the rows: {', '.join(ROWS)}")
+    env = dict(triton=triton.__version__, target="sm90 (compiled, not run)", machine=platform.machine(),
+               python=platform.python_version())
+    print(env)
+    print(f"acceptance: {ACCEPTANCE}")
+    rows = []
+    for name in names:
+        what, build = ROWS[name]
+        rows.append(dict(name=name, what=what, **resources(build())))
+    print_table(["kernel", "registers", "spill stack B", "shared B", "tensor cores"],
+                [[r["name"], r["registers"], r["spill_stack_bytes"], r["shared_bytes"] + r["static_shared_bytes"],
+                  r["tensor_cores"]] for r in rows])
+    write_json(Path(args.out) / "kernel_resources.json", dict(env=env, acceptance=ACCEPTANCE, rows=rows))
+
+
+if __name__ == "__main__":
+    main()
