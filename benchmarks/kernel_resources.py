@@ -33,8 +33,8 @@ MOE = dict(H=2048, I=512, K=8, BM=16, KP=8, SP=128, RB=16, GATHER=False)
 INTEGER_POINTERS = ("ids_ptr", "num_tokens_ptr")
 
 
-def compile_sm90(kernel, dtype: str, constexprs: dict, num_warps: int, num_stages: int = 3, fp32_pointers=(),
-                 types: dict | None = None):
+def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_warps: int = 4,
+                 types: dict | None = None, num_stages: int = 3):
     """`kernel` compiled for sm90: pointers of `dtype` (int64 for ids and lengths, fp32 for
     `fp32_pointers`), `types` by name where given, other runtime arguments int32."""
     import triton
@@ -85,8 +85,8 @@ def verify(one_row: bool, BV: int = 32, BK: int = 64, num_warps: int = 4):
     return compile_sm90(gdn_verify_kernel, "bf16",
                         dict(GDN, BV=BV, BK=BK, HAS_NUM_TOKENS=True, USE_L2NORM=True, PRECISION="tf32x3",
                              USE_PDL=True, ONE_ROW=one_row),
-                        num_warps, fp32_pointers=("g_ptr", "beta_ptr", "state_ptr", "z_ptr", "kn_ptr", "gcum_ptr"),
-                        types={"scale": "fp32"})
+                        fp32_pointers=("g_ptr", "beta_ptr", "state_ptr", "z_ptr", "kn_ptr", "gcum_ptr"),
+                        num_warps=num_warps, types={"scale": "fp32"})
 
 
 def moe(kind: str, **changes):
@@ -103,11 +103,11 @@ def moe(kind: str, **changes):
         return compile_sm90(moe_triton.moe_gate_up_kernel, "bf16",
                             dict(MOE, **flags, BN=cfg.gate_up_block_i, BK=cfg.gate_up_block_h,
                                  BK_WIDE=cfg.gate_up_block_h, WRITE_ZEROS=False, ZB=256),
-                            cfg.gate_up_warps, cfg.num_stages, fp32_pointers=("y_ptr",))
+                            fp32_pointers=("y_ptr",), num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages)
     dims = {k: MOE[k] for k in ("H", "I", "K", "BM", "KP", "SP", "RB", "GATHER")}
     return compile_sm90(moe_triton.moe_down_kernel, "bf16",
                         dict(dims, **flags, BN=cfg.down_block_h, BK=cfg.down_block_i, WRITE_ALL=True),
-                        cfg.down_warps, cfg.num_stages, fp32_pointers=("y_ptr",))
+                        fp32_pointers=("y_ptr",), num_warps=cfg.down_warps, num_stages=cfg.num_stages)
 
 
 def small_linear(**changes):
@@ -122,7 +122,7 @@ def small_linear(**changes):
     return compile_sm90(small_linear_kernel, "bf16",
                         dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRECISION="tf32", UPCAST=False,
                              INTERPRET_BF16=False, USE_PDL=True),
-                        cfg.num_warps, cfg.num_stages, fp32_pointers=("out_ptr",))
+                        fp32_pointers=("out_ptr",), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 # name -> (what it is, how to compile it)

@@ -11,38 +11,15 @@ import pytest
 triton = pytest.importorskip("triton")
 nvidia = pytest.importorskip("triton.backends.nvidia")
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
+# the compile helper `benchmarks/kernel_resources.py` reads registers and spills from
+from benchmarks.kernel_resources import compile_sm90  # noqa: E402
 from hybridspec.ops import moe_triton  # noqa: E402
 from hybridspec.ops.dispatch import TRITON_INTERPRET  # noqa: E402
 
 pytestmark = pytest.mark.skipif(TRITON_INTERPRET, reason="under the interpreter the kernels are not JIT functions")
 
-SM90 = GPUTarget("cuda", 90, 32)
 # the 35B-A3B expert shape, one piece of 16 rows at top-8
 SHAPE = dict(H=2048, I=512, K=8, BM=16, KP=8, SP=128)
-INTEGER_POINTERS = ("ids_ptr", "num_tokens_ptr")
-
-
-def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_warps=4, types=None):
-    """`kernel` compiled for sm90: pointers of `dtype` (int64 for ids and lengths, fp32 for
-    `fp32_pointers`), other runtime arguments int32, `types` by name where given, `constexprs` by
-    name."""
-    signature = {}
-    for name in kernel.arg_names:
-        if types and name in types:
-            signature[name] = types[name]
-        elif name in constexprs:
-            signature[name] = "constexpr"
-        elif name in INTEGER_POINTERS:
-            signature[name] = "*i64"
-        elif name.endswith("_ptr"):
-            signature[name] = "*fp32" if name in fp32_pointers else f"*{dtype}"
-        else:
-            signature[name] = "i32"
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=SM90, options={"num_warps": num_warps, "num_stages": 3})
 
 
 # the runner's configuration (bf16, shared expert, pdl) and its opposites, in both dtypes; the
