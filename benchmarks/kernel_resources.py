@@ -3,9 +3,9 @@
 Each kernel is compiled for an H100/H200 (sm90, PDL on) at the 35B-A3B shapes the runner launches,
 with the installed Triton and the ptxas in its wheel, and never launched: no GPU is needed. Then
 `cuobjdump -res-usage` reads the registers a thread takes, the bytes a thread spills to its local
-stack and the static shared memory. A spilling kernel makes round trips to local memory. Tiles too
-large for the registers show up here before any GPU time is spent on them, and the table can be
-redone after a change.
+stack and the static shared memory; Triton's metadata adds the dynamic shared memory a block asks
+for. A spilling kernel makes round trips to local memory. Tiles too large for the registers show up
+here before any GPU time is spent on them, and the table can be redone after a change.
 
     python benchmarks/kernel_resources.py                       # the default rows
     python benchmarks/kernel_resources.py --only gdn_verify     # the rows whose name starts so
@@ -59,8 +59,9 @@ def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_war
 
 
 def resources(compiled) -> dict:
-    """Registers, spill stack and static shared memory per thread / block of a compiled kernel
-    (`cuobjdump -res-usage` on its cubin), and whether its PTX has tensor-core instructions."""
+    """Registers and spill stack per thread, static (`cuobjdump -res-usage` on its cubin) and
+    dynamic (Triton's metadata) shared memory per block of a compiled kernel, and whether its PTX
+    has tensor-core instructions."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"

@@ -8,8 +8,8 @@ One program per (value-column tile, batch x value head). Per program, with T pad
 Columns of V, Z and O are independent, so each program owns a BV-wide slice of them and recomputes
 the tiny T x T matrices. No per-token K x V state is formed.
 
-With `VERIFY_CONFIG["one_row"]` on, the autoregressive step (T = 1) takes `ONE_ROW`: the same outputs from fp32 multiplies and sums over
-the key dim, with no padding, dots or substitution,
+With `VERIFY_CONFIG["one_row"]` on, the autoregressive step (T = 1) takes `ONE_ROW`: the same
+outputs from fp32 multiplies and sums over the key dim, with no padding, dots or substitution,
 
     z = beta (v - e^g k^T S_0),   o = e^g S_0^T q + (q^T k) z     (q, k normalised and scaled)
 
@@ -119,84 +119,85 @@ def gdn_verify_kernel(
             i_v, i_bh, b, h, hk, n, scale, sqb, sqh, skb, skh, svb, svh, sgb, sbb,
             HK, HV, K, V, BV, BK, USE_L2NORM,
         )
+        return
+
+    rows = tl.arange(0, BT)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    in_bounds = rows < T
+    # rows past n may hold NaN: select zeros with where (0 * NaN is NaN)
+    valid = rows < n
+
+    g = tl.load(g_ptr + b * sgb + rows * sgt + h, mask=in_bounds, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + b * sbb + rows * sbt + h, mask=in_bounds, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + b * svb + rows[:, None] * svt + h * svh + cols_v[None, :],
+                mask=in_bounds[:, None], other=0.0).to(tl.float32)
+    g = tl.where(valid, g, 0.0)
+    beta = tl.where(valid, beta, 0.0)
+    v = tl.where(valid[:, None], v, 0.0)
+
+    # Products with raw q, k over BK-wide slices of the head dim (few registers live at a time);
+    # the l2 normalisation is a row/column scaling applied afterwards.
+    q_base = q_ptr + b * sqb + rows[:, None] * sqt + hk * sqh
+    k_base = k_ptr + b * skb + rows[:, None] * skt + hk * skh
+    s_base = state_ptr + i_bh * K * V + cols_v[None, :]
+    KS = tl.zeros([BT, BV], dtype=tl.float32)
+    QS = tl.zeros([BT, BV], dtype=tl.float32)
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    QK = tl.zeros([BT, BT], dtype=tl.float32)
+    qq = tl.zeros([BT], dtype=tl.float32)
+    kk = tl.zeros([BT], dtype=tl.float32)
+    for c in tl.static_range(0, K, BK):
+        cols_k = c + tl.arange(0, BK)
+        q = tl.load(q_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
+        k = tl.load(k_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
+        q = tl.where(valid[:, None], q, 0.0)
+        k = tl.where(valid[:, None], k, 0.0)
+        S0 = tl.load(s_base + cols_k[:, None] * V)  # [BK, BV]
+        KS += tl.dot(k, S0, input_precision=PRECISION)
+        QS += tl.dot(q, S0, input_precision=PRECISION)
+        KK += tl.dot(k, tl.trans(k), input_precision=PRECISION)
+        QK += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        qq += tl.sum(q * q, axis=1)
+        kk += tl.sum(k * k, axis=1)
+    if USE_L2NORM:
+        rq = tl.rsqrt(qq + 1e-6) * scale
+        rk = tl.rsqrt(kk + 1e-6)
     else:
-        rows = tl.arange(0, BT)
-        cols_v = i_v * BV + tl.arange(0, BV)
-        in_bounds = rows < T
-        # rows past n may hold NaN: select zeros with where (0 * NaN is NaN)
-        valid = rows < n
+        rq = tl.zeros([BT], dtype=tl.float32) + scale
+        rk = tl.zeros([BT], dtype=tl.float32) + 1.0
+    KS = KS * rk[:, None]
+    QS = QS * rq[:, None]
+    KK = KK * rk[:, None] * rk[None, :]
+    QK = QK * rq[:, None] * rk[None, :]
 
-        g = tl.load(g_ptr + b * sgb + rows * sgt + h, mask=in_bounds, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + b * sbb + rows * sbt + h, mask=in_bounds, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + b * svb + rows[:, None] * svt + h * svh + cols_v[None, :],
-                    mask=in_bounds[:, None], other=0.0).to(tl.float32)
-        g = tl.where(valid, g, 0.0)
-        beta = tl.where(valid, beta, 0.0)
-        v = tl.where(valid[:, None], v, 0.0)
+    G = tl.cumsum(g, axis=0)  # [BT]
+    # mask the exponent before exp: e^{G_i - G_j} for j > i overflows under strong decay
+    diff = G[:, None] - G[None, :]
+    causal = rows[:, None] >= rows[None, :]
+    decay = tl.exp(tl.where(causal, diff, float("-inf")))  # [BT, BT]
+    eG = tl.exp(G)
 
-        # Products with raw q, k over BK-wide slices of the head dim (few registers live at a time);
-        # the l2 normalisation is a row/column scaling applied afterwards.
-        q_base = q_ptr + b * sqb + rows[:, None] * sqt + hk * sqh
-        k_base = k_ptr + b * skb + rows[:, None] * skt + hk * skh
-        s_base = state_ptr + i_bh * K * V + cols_v[None, :]
-        KS = tl.zeros([BT, BV], dtype=tl.float32)
-        QS = tl.zeros([BT, BV], dtype=tl.float32)
-        KK = tl.zeros([BT, BT], dtype=tl.float32)
-        QK = tl.zeros([BT, BT], dtype=tl.float32)
-        qq = tl.zeros([BT], dtype=tl.float32)
-        kk = tl.zeros([BT], dtype=tl.float32)
-        for c in tl.static_range(0, K, BK):
-            cols_k = c + tl.arange(0, BK)
-            q = tl.load(q_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
-            k = tl.load(k_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
-            q = tl.where(valid[:, None], q, 0.0)
-            k = tl.where(valid[:, None], k, 0.0)
-            S0 = tl.load(s_base + cols_k[:, None] * V)  # [BK, BV]
-            KS += tl.dot(k, S0, input_precision=PRECISION)
-            QS += tl.dot(q, S0, input_precision=PRECISION)
-            KK += tl.dot(k, tl.trans(k), input_precision=PRECISION)
-            QK += tl.dot(q, tl.trans(k), input_precision=PRECISION)
-            qq += tl.sum(q * q, axis=1)
-            kk += tl.sum(k * k, axis=1)
-        if USE_L2NORM:
-            rq = tl.rsqrt(qq + 1e-6) * scale
-            rk = tl.rsqrt(kk + 1e-6)
-        else:
-            rq = tl.zeros([BT], dtype=tl.float32) + scale
-            rk = tl.zeros([BT], dtype=tl.float32) + 1.0
-        KS = KS * rk[:, None]
-        QS = QS * rq[:, None]
-        KK = KK * rk[:, None] * rk[None, :]
-        QK = QK * rq[:, None] * rk[None, :]
+    rhs = beta[:, None] * (v - eG[:, None] * KS)
+    strict = rows[:, None] > rows[None, :]
+    A = tl.where(strict, beta[:, None] * KK * decay, 0.0)
 
-        G = tl.cumsum(g, axis=0)  # [BT]
-        # mask the exponent before exp: e^{G_i - G_j} for j > i overflows under strong decay
-        diff = G[:, None] - G[None, :]
-        causal = rows[:, None] >= rows[None, :]
-        decay = tl.exp(tl.where(causal, diff, float("-inf")))  # [BT, BT]
-        eG = tl.exp(G)
+    # Forward substitution as Z <- rhs - A Z: A is strictly lower triangular, so after i sweeps
+    # rows 0..i are final and each row is computed exactly as in row-by-row substitution.
+    Z = rhs
+    for _ in range(1, n):
+        Z = rhs - tl.dot(A, Z, input_precision=PRECISION)
 
-        rhs = beta[:, None] * (v - eG[:, None] * KS)
-        strict = rows[:, None] > rows[None, :]
-        A = tl.where(strict, beta[:, None] * KK * decay, 0.0)
+    O = eG[:, None] * QS + tl.dot(QK * decay, Z, input_precision=PRECISION)
 
-        # Forward substitution as Z <- rhs - A Z: A is strictly lower triangular, so after i sweeps
-        # rows 0..i are final and each row is computed exactly as in row-by-row substitution.
-        Z = rhs
-        for _ in range(1, n):
-            Z = rhs - tl.dot(A, Z, input_precision=PRECISION)
-
-        O = eG[:, None] * QS + tl.dot(QK * decay, Z, input_precision=PRECISION)
-
-        out_rows = (b * T + rows[:, None]) * HV + h
-        tl.store(o_ptr + out_rows * V + cols_v[None, :], O.to(o_ptr.dtype.element_ty), mask=in_bounds[:, None])
-        tl.store(z_ptr + out_rows * V + cols_v[None, :], Z, mask=in_bounds[:, None])
-        if i_v == 0:
-            tl.store(gcum_ptr + (b * T + rows) * HV + h, G, mask=in_bounds)
-            if h % (HV // HK) == 0:
-                kn_rows = (b * T + rows[:, None]) * HK + hk
-                for c in tl.static_range(0, K, BK):
-                    cols_k = c + tl.arange(0, BK)
-                    k = tl.load(k_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
-                    k = tl.where(valid[:, None], k, 0.0) * rk[:, None]
-                    tl.store(kn_ptr + kn_rows * K + cols_k[None, :], k, mask=in_bounds[:, None])
+    out_rows = (b * T + rows[:, None]) * HV + h
+    tl.store(o_ptr + out_rows * V + cols_v[None, :], O.to(o_ptr.dtype.element_ty), mask=in_bounds[:, None])
+    tl.store(z_ptr + out_rows * V + cols_v[None, :], Z, mask=in_bounds[:, None])
+    if i_v == 0:
+        tl.store(gcum_ptr + (b * T + rows) * HV + h, G, mask=in_bounds)
+        if h % (HV // HK) == 0:
+            kn_rows = (b * T + rows[:, None]) * HK + hk
+            for c in tl.static_range(0, K, BK):
+                cols_k = c + tl.arange(0, BK)
+                k = tl.load(k_base + cols_k[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
+                k = tl.where(valid[:, None], k, 0.0) * rk[:, None]
+                tl.store(kn_ptr + kn_rows * K + cols_k[None, :], k, mask=in_bounds[:, None])
