@@ -34,26 +34,50 @@ INTEGER_POINTERS = ("ids_ptr", "num_tokens_ptr")
 
 
 def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_warps: int = 4,
-                 types: dict | None = None, num_stages: int = 3):
-    """`kernel` compiled for sm90: pointers of `dtype` (int64 for ids and lengths, fp32 for
-    `fp32_pointers`), `types` by name where given, other runtime arguments int32."""
+                 types: dict | None = None, num_stages: int = 3, ints: dict | None = None):
+    """`kernel` compiled for sm90 as the JIT compiles a launch: pointers of `dtype` (int64 for ids
+    and lengths, fp32 for `fp32_pointers`), `types` by name where given, other runtime arguments
+    int32.
+
+    A launch specializes its arguments, and the code depends on it: every pointer here carries the
+    16-byte alignment hint that torch's allocations earn it (without the hint the loads cannot be
+    vectorized or pipelined: the experts' gate/up kernel then stages nothing in shared memory and
+    spills), and each `ints` value (the integer arguments the runner passes, by name) is specialized
+    by Triton's own rule: 1 becomes a constant, a multiple of 16 gets the divisibility hint. Integer
+    arguments left out of `ints` get neither, as a launch with an odd value would."""
     import triton
-    from triton.backends.compiler import GPUTarget
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
 
-    signature = {}
-    for name in kernel.arg_names:
-        if types and name in types:
-            signature[name] = types[name]
-        elif name in constexprs:
+    constexprs, ints = dict(constexprs), ints or {}
+    unknown = set(ints) - set(kernel.arg_names)
+    if unknown:
+        raise ValueError(f"{kernel.fn.__name__} has no integer arguments {sorted(unknown)}")
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
             signature[name] = "constexpr"
+            continue
+        if name in ints:
+            kind, spec = native_specialize_impl(BaseBackend, ints[name], False, True, True)
+            if kind == "constexpr":
+                signature[name], constexprs[name] = "constexpr", spec
+                continue
+            signature[name], hints = kind, BaseBackend.parse_attr(spec)
+        elif types and name in types:
+            signature[name], hints = types[name], []
         elif name in INTEGER_POINTERS:
-            signature[name] = "*i64"
+            signature[name], hints = "*i64", []
         elif name.endswith("_ptr"):
-            signature[name] = "*fp32" if name in fp32_pointers else f"*{dtype}"
+            signature[name], hints = ("*fp32" if name in fp32_pointers else f"*{dtype}"), []
         else:
-            signature[name] = "i32"
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+            signature[name], hints = "i32", []
+        if signature[name].startswith("*"):
+            hints = BaseBackend.parse_attr("D")
+        if hints:
+            attrs[(i,)] = hints
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
@@ -78,21 +102,27 @@ def resources(compiled) -> dict:
                 shared_bytes=int(compiled.metadata.shared), tensor_cores="mma" in ptx or "wgmma" in ptx)
 
 
-def verify(one_row: bool, BV: int = 32, BK: int = 64, num_warps: int = 4):
-    """`gdn_verify_kernel` as the runner launches it: bf16 q, k, v and o, fp32 state and factors,
-    lengths on the device, 3xTF32 dots."""
+def verify(one_row: bool, BV: int = 32, BK: int = 64, num_warps: int = 4, rows: int = 1):
+    """`gdn_verify_kernel` as the runner launches it on `rows` tokens (1: the AR step, 16: a round):
+    bf16 q, k, v and o, fp32 state and factors, lengths on the device, 3xTF32 dots. q, k and v are
+    views of the conv's output row (2 x 16 x 128 + 32 x 128 wide), g and beta rows of 32 heads: every
+    stride a multiple of 16."""
     from hybridspec.ops.gdn_verify_triton import gdn_verify_kernel
 
+    width, heads = 2 * GDN["HK"] * GDN["K"] + GDN["HV"] * GDN["V"], GDN["HV"]
+    strides = dict(sqb=rows * width, sqt=width, sqh=GDN["K"], skb=rows * width, skt=width, skh=GDN["K"],
+                   svb=rows * width, svt=width, svh=GDN["V"], sgb=rows * heads, sgt=heads, sbb=rows * heads,
+                   sbt=heads)
     return compile_sm90(gdn_verify_kernel, "bf16",
                         dict(GDN, BV=BV, BK=BK, HAS_NUM_TOKENS=True, USE_L2NORM=True, PRECISION="tf32x3",
                              USE_PDL=True, ONE_ROW=one_row),
                         fp32_pointers=("g_ptr", "beta_ptr", "state_ptr", "z_ptr", "kn_ptr", "gcum_ptr"),
-                        num_warps=num_warps, types={"scale": "fp32"})
+                        num_warps=num_warps, types={"scale": "fp32"}, ints=dict(T=rows, **strides))
 
 
-def moe(kind: str, **changes):
-    """The experts' gate/up or down kernel (bf16, shared expert) at the default `MoEKernelConfig`
-    with `changes`."""
+def moe(kind: str, rows: int = 1, **changes):
+    """The experts' gate/up or down kernel (bf16, shared expert, 256 experts) on `rows` rows (1: the
+    AR step, 16: a round) at the default `MoEKernelConfig` with `changes`."""
     from dataclasses import replace
 
     from hybridspec.ops import moe_triton
@@ -100,20 +130,23 @@ def moe(kind: str, **changes):
 
     cfg = replace(KERNEL_CONFIG, **changes)
     flags = dict(HAS_NUM_TOKENS=True, HAS_SHARED=True, INTERPRET_BF16=False, USE_PDL=True, PRECISION="tf32")
+    ints = dict(T=rows, E=256, row_off=0)
     if kind == "gate_up":
         return compile_sm90(moe_triton.moe_gate_up_kernel, "bf16",
                             dict(MOE, **flags, BN=cfg.gate_up_block_i, BK=cfg.gate_up_block_h,
                                  BK_WIDE=cfg.gate_up_block_h, WRITE_ZEROS=False, ZB=256),
-                            fp32_pointers=("y_ptr",), num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages)
+                            fp32_pointers=("y_ptr",), num_warps=cfg.gate_up_warps, num_stages=cfg.num_stages,
+                            ints=dict(ints, s_xt=MOE["H"]))
     dims = {k: MOE[k] for k in ("H", "I", "K", "BM", "KP", "SP", "RB", "GATHER")}
     return compile_sm90(moe_triton.moe_down_kernel, "bf16",
                         dict(dims, **flags, BN=cfg.down_block_h, BK=cfg.down_block_i, WRITE_ALL=True),
-                        fp32_pointers=("y_ptr",), num_warps=cfg.down_warps, num_stages=cfg.num_stages)
+                        fp32_pointers=("y_ptr",), num_warps=cfg.down_warps, num_stages=cfg.num_stages, ints=ints)
 
 
-def small_linear(**changes):
-    """`small_linear_kernel` on 16 rows at the default `LinearKernelConfig` with `changes` (the
-    split-K output projections' partials are fp32)."""
+def small_linear(rows: int = 1, **changes):
+    """`small_linear_kernel` on `rows` rows (1: the AR step) at the default `LinearKernelConfig` with
+    `changes`, as the GDN output projection (4096 -> 2048) in its default 4 K splits (partials in
+    fp32)."""
     from dataclasses import replace
 
     from hybridspec.ops.linear import KERNEL_CONFIG
@@ -123,28 +156,32 @@ def small_linear(**changes):
     return compile_sm90(small_linear_kernel, "bf16",
                         dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRECISION="tf32", UPCAST=False,
                              INTERPRET_BF16=False, USE_PDL=True),
-                        fp32_pointers=("out_ptr",), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                        fp32_pointers=("out_ptr",), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                        ints=dict(M=rows, N=2048, K=4096, k_span=4096 // cfg.out_split_k, s_xm=4096, s_wn=4096))
 
 
-# name -> (what it is, how to compile it)
+# name -> (what it is, how to compile it); "AR": one row (the AR step), "round": 16 rows
 ROWS = {
-    "gdn_verify 16-row BV32 BK64 w4": ("the verification rounds' form (and the AR step's, one_row off)",
-                                       lambda: verify(False)),
-    "gdn_verify 16-row BV32 BK64 w8": ("8 warps", lambda: verify(False, num_warps=8)),
-    "gdn_verify 16-row BV32 BK32 w4": ("a narrower key chunk", lambda: verify(False, BK=32)),
-    "gdn_verify one-row BV32 BK64 w4": ("the AR step's one-row form (VERIFY_CONFIG one_row)", lambda: verify(True)),
-    "moe_gate_up default": ("the experts' gate/up at MoEKernelConfig's defaults", lambda: moe("gate_up")),
-    "moe_gate_up gate_up_warps=8": ("8 warps", lambda: moe("gate_up", gate_up_warps=8)),
-    "moe_gate_up gate_up_block_h=128": ("a narrower H step", lambda: moe("gate_up", gate_up_block_h=128)),
-    "moe_gate_up gate_up_block_i=32": ("a narrower I tile", lambda: moe("gate_up", gate_up_block_i=32)),
-    "moe_gate_up gate_up_block_i=32,gate_up_block_h=128": (
+    "gdn_verify 16-row BV32 BK64 w4 AR": ("the AR step's form today (one_row off)", lambda: verify(False)),
+    "gdn_verify 16-row BV32 BK64 w4 round": ("the verification rounds' form", lambda: verify(False, rows=16)),
+    "gdn_verify 16-row BV32 BK64 w8 round": ("8 warps", lambda: verify(False, num_warps=8, rows=16)),
+    "gdn_verify 16-row BV32 BK32 w4 round": ("a narrower key chunk", lambda: verify(False, BK=32, rows=16)),
+    "gdn_verify one-row BV32 BK64 w4 AR": ("the AR step's one-row form (VERIFY_CONFIG one_row)", lambda: verify(True)),
+    "moe_gate_up default AR": ("the experts' gate/up at MoEKernelConfig's defaults", lambda: moe("gate_up")),
+    "moe_gate_up default round": ("the same on 16 rows", lambda: moe("gate_up", rows=16)),
+    "moe_gate_up gate_up_warps=8 AR": ("8 warps", lambda: moe("gate_up", gate_up_warps=8)),
+    "moe_gate_up gate_up_block_h=128 AR": ("a narrower H step", lambda: moe("gate_up", gate_up_block_h=128)),
+    "moe_gate_up gate_up_block_i=32 AR": ("a narrower I tile", lambda: moe("gate_up", gate_up_block_i=32)),
+    "moe_gate_up gate_up_block_i=32,gate_up_block_h=128 AR": (
         "both", lambda: moe("gate_up", gate_up_block_i=32, gate_up_block_h=128)),
-    "moe_down default": ("the experts' down at MoEKernelConfig's defaults", lambda: moe("down")),
-    "moe_down down_block_h=128,down_warps=4": ("wider H tile, 4 warps",
-                                               lambda: moe("down", down_block_h=128, down_warps=4)),
-    "small_linear default": ("16 rows at LinearKernelConfig's defaults", small_linear),
-    "small_linear num_stages=3": ("one pipelined tile fewer", lambda: small_linear(num_stages=3)),
-    "small_linear block_k=128": ("a narrower K step", lambda: small_linear(block_k=128)),
+    "moe_down default AR": ("the experts' down at MoEKernelConfig's defaults", lambda: moe("down")),
+    "moe_down default round": ("the same on 16 rows", lambda: moe("down", rows=16)),
+    "moe_down down_block_h=128,down_warps=4 AR": ("wider H tile, 4 warps",
+                                                  lambda: moe("down", down_block_h=128, down_warps=4)),
+    "small_linear default AR": ("the GDN out projection, 4 K splits, at LinearKernelConfig's defaults",
+                                small_linear),
+    "small_linear num_stages=3 AR": ("one pipelined tile fewer", lambda: small_linear(num_stages=3)),
+    "small_linear block_k=128 AR": ("a narrower K step", lambda: small_linear(block_k=128)),
 }
 
 

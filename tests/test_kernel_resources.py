@@ -1,6 +1,7 @@
 """`benchmarks/kernel_resources.py` reads a compiled kernel's registers, spills and shared memory:
 on the verify kernel's two forms, whose register needs differ by far (the one-row form has no
-padded tiles and no tensor-core dots)."""
+padded tiles and no tensor-core dots), and with the specialization a launch gives (alignment hints,
+constant 1s), without which the figures are not the runner's."""
 
 from __future__ import annotations
 
@@ -22,3 +23,25 @@ def test_resources_of_the_verify_kernels_two_forms():
         assert 0 < r["registers"] <= 255 and r["spill_stack_bytes"] >= 0 and r["shared_bytes"] >= 0
     assert not one_row["tensor_cores"] and padded["tensor_cores"]
     assert one_row["registers"] < padded["registers"]
+
+
+def test_the_compile_specializes_as_a_launch_does():
+    """Pointers carry the 16-byte alignment hint a launch gives torch's allocations, so the experts'
+    gate/up kernel pipelines its weight tiles through shared memory (without the hint it stages
+    nothing and spills: the figures a compile without it reports are not the runner's); an integer
+    argument of 1 becomes a constant, as Triton's launch makes it."""
+    from benchmarks.kernel_resources import compile_sm90, moe, resources
+    from hybridspec.ops.linear_triton import small_linear_kernel
+
+    gate_up = moe("gate_up")
+    assert "async_copy_global_to_local" in gate_up.asm["ttgir"]
+    assert resources(gate_up)["shared_bytes"] > 64 * 1024
+    flags = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False,
+                 USE_PDL=False)
+    ints = dict(N=2048, K=4096, k_span=1024, s_xm=4096, s_wn=4096)
+    one, odd = (compile_sm90(small_linear_kernel, "bf16", flags, fp32_pointers=("out_ptr",), ints=dict(ints, M=m))
+                for m in (1, 3))
+    # M is a kernel argument at 3 and folded into the code at 1
+    assert len(one.asm["ptx"].split(".param")) < len(odd.asm["ptx"].split(".param"))
+    with pytest.raises(ValueError, match="no integer arguments"):
+        compile_sm90(small_linear_kernel, "bf16", flags, ints=dict(rows=1))
