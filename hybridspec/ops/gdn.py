@@ -39,9 +39,11 @@ class GDNFactors(NamedTuple):
 # "Batched rounds: wider tiles"); at B = 1 the sweep's best stays 32 (benchmarks/sweep_gdn.py).
 # `one_row` (0 or 1): a T = 1 call (the AR step) takes the kernel's one-row path, fp32 sums with no
 # dots, with `BV_one_row` value columns a program: on an H100 the 16-row path took ~5.7 us a layer
-# at T = 1 against ~0.6 us to read the state (gdn_verify_triton.py). Off until it has run on a GPU:
-# its interpreter tests and an sm90 compile pass, no GPU could be had to test or time it
-# (docs/benchmarks.md, "The verify kernel's one-row form")
+# at T = 1 against ~0.6 us to read the state (gdn_verify_triton.py). Off: on an H100 its CUDA tests
+# and the captured AR runner's fp32 test against the target pass, but the AR step took 3.200 ms
+# against 3.265 with it off in the same process and 3.185 in that process's first AR row, a gain
+# inside the rows' spread, and its fp32 sums give other bf16 tokens than the 16-row form's dots
+# (docs/benchmarks.md, "The verify kernel's one-row form on an H100")
 VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4, "BV_max": 64, "min_programs": 256, "one_row": 0,
                  "BV_one_row": 32}
 COMMIT_CONFIG = {"BV": 32, "num_warps": 4}
