@@ -59,24 +59,25 @@ def compile_sm90(kernel, dtype: str, constexprs: dict, fp32_pointers=(), num_war
         if name in constexprs:
             signature[name] = "constexpr"
             continue
+        spec = ""
         if name in ints:
             kind, spec = native_specialize_impl(BaseBackend, ints[name], False, True, True)
             if kind == "constexpr":
                 signature[name], constexprs[name] = "constexpr", spec
                 continue
-            signature[name], hints = kind, BaseBackend.parse_attr(spec)
         elif types and name in types:
-            signature[name], hints = types[name], []
+            kind = types[name]
         elif name in INTEGER_POINTERS:
-            signature[name], hints = "*i64", []
+            kind = "*i64"
         elif name.endswith("_ptr"):
-            signature[name], hints = ("*fp32" if name in fp32_pointers else f"*{dtype}"), []
+            kind = "*fp32" if name in fp32_pointers else f"*{dtype}"
         else:
-            signature[name], hints = "i32", []
-        if signature[name].startswith("*"):
-            hints = BaseBackend.parse_attr("D")
-        if hints:
-            attrs[(i,)] = hints
+            kind = "i32"
+        signature[name] = kind
+        if kind.startswith("*"):
+            spec = "D"
+        if spec:
+            attrs[(i,)] = BaseBackend.parse_attr(spec)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})

@@ -30,18 +30,14 @@ def test_the_compile_specializes_as_a_launch_does():
     gate/up kernel pipelines its weight tiles through shared memory (without the hint it stages
     nothing and spills: the figures a compile without it reports are not the runner's); an integer
     argument of 1 becomes a constant, as Triton's launch makes it."""
-    from benchmarks.kernel_resources import compile_sm90, moe, resources
+    from benchmarks.kernel_resources import compile_sm90, moe, resources, small_linear
     from hybridspec.ops.linear_triton import small_linear_kernel
 
     gate_up = moe("gate_up")
     assert "async_copy_global_to_local" in gate_up.asm["ttgir"]
     assert resources(gate_up)["shared_bytes"] > 64 * 1024
-    flags = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False,
-                 USE_PDL=False)
-    ints = dict(N=2048, K=4096, k_span=1024, s_xm=4096, s_wn=4096)
-    one, odd = (compile_sm90(small_linear_kernel, "bf16", flags, fp32_pointers=("out_ptr",), ints=dict(ints, M=m))
-                for m in (1, 3))
+    one, odd = small_linear(rows=1), small_linear(rows=3)
     # M is a kernel argument at 3 and folded into the code at 1
     assert len(one.asm["ptx"].split(".param")) < len(odd.asm["ptx"].split(".param"))
     with pytest.raises(ValueError, match="no integer arguments"):
-        compile_sm90(small_linear_kernel, "bf16", flags, ints=dict(rows=1))
+        compile_sm90(small_linear_kernel, "bf16", {}, ints=dict(rows=1))
