@@ -44,8 +44,11 @@ class GDNFactors(NamedTuple):
 # against 3.265 with it off in the same process and 3.185 in that process's first AR row, a gain
 # inside the rows' spread, and its fp32 sums give other bf16 tokens than the 16-row form's dots
 # (docs/benchmarks.md, "The verify kernel's one-row form on an H100")
+# `gated_one_row` (0 or 1): the GDN mixer's AR step verifies and applies its gated RMSNorm in one
+# kernel (`hybridspec.ops.gdn_gated`, one program per value head, `gated_BK` key rows a step,
+# `gated_num_warps` warps) instead of the 16-row verify and inductor's two norm kernels.
 VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4, "BV_max": 64, "min_programs": 256, "one_row": 0,
-                 "BV_one_row": 32}
+                 "BV_one_row": 32, "gated_one_row": 0, "gated_BK": 32, "gated_num_warps": 8}
 COMMIT_CONFIG = {"BV": 32, "num_warps": 4}
 # fp32 dots on the GPU: "ieee" lowers to FMA loops that spill heavily at K = 128; 3xTF32 runs on
 # tensor cores with ~1e-6 relative error. The interpreter computes every dot in plain fp32.

@@ -29,12 +29,14 @@ from hybridspec.ops.pdl_triton import pdl_enter
 
 @triton.jit
 def _verify_one_row(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, o_ptr, z_ptr, kn_ptr, gcum_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, z_ptr, kn_ptr, gcum_ptr,
     i_v, i_bh, b, h, hk, n, scale, sqb, sqh, skb, skh, svb, svh, sgb, sbb,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     USE_L2NORM: tl.constexpr,
 ):
-    """`gdn_verify_kernel` at T = 1: the row's outputs, zeros if it is past n (n = 0)."""
+    """`gdn_verify_kernel` at T = 1: stores the row's factors and returns its output `[BV]` (fp32),
+    zeros if the row is past n (n = 0); the caller stores it (`gdn_verify_kernel`) or normalises it
+    first (`gdn_verify_gated_triton.py`)."""
     cols_v = i_v * BV + tl.arange(0, BV)
     # a row past n may hold NaN: select zeros with where (0 * NaN is NaN)
     valid = 0 < n
@@ -76,7 +78,6 @@ def _verify_one_row(
     O = eG * QS + QK * Z
 
     # T = 1: output row (b, 0, h) is row i_bh of o and z, entry i_bh of g_cum, key row b HK + hk
-    tl.store(o_ptr + i_bh * V + cols_v, O.to(o_ptr.dtype.element_ty))
     tl.store(z_ptr + i_bh * V + cols_v, Z)
     if i_v == 0:
         tl.store(gcum_ptr + i_bh, g)
@@ -85,6 +86,7 @@ def _verify_one_row(
                 cols_k = c + tl.arange(0, BK)
                 k = tl.where(valid, tl.load(k_base + cols_k).to(tl.float32), 0.0) * rk
                 tl.store(kn_ptr + (b * HK + hk) * K + cols_k, k)
+    return O
 
 
 @triton.jit
@@ -115,11 +117,12 @@ def gdn_verify_kernel(
         n = T
 
     if ONE_ROW:
-        _verify_one_row(
-            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, o_ptr, z_ptr, kn_ptr, gcum_ptr,
+        O = _verify_one_row(
+            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, z_ptr, kn_ptr, gcum_ptr,
             i_v, i_bh, b, h, hk, n, scale, sqb, sqh, skb, skh, svb, svh, sgb, sbb,
             HK, HV, K, V, BV, BK, USE_L2NORM,
         )
+        tl.store(o_ptr + i_bh * V + i_v * BV + tl.arange(0, BV), O.to(o_ptr.dtype.element_ty))
         return
 
     rows = tl.arange(0, BT)

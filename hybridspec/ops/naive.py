@@ -103,3 +103,28 @@ def gdn_commit(states, z, k, g_cum, num_commit):
         nxt = g[:, :, t].exp()[..., None, None] * S + kr[:, :, t, :, :, None] * z[:, :, t, :, None, :].float()
         S = torch.where(take, nxt, S)
     states.copy_(S)
+
+
+def gated_rms_norm(x, gate, weight, eps):
+    """transformers' `RMSNormGated` (Qwen3.5 MoE and Qwen3-Next, silu gate) over the last dim, in
+    its order of casts: the statistics in fp32, the normalised row back in `x`'s dtype before the
+    weight, the silu gate in fp32, one rounding to `x`'s dtype at the end."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = weight * h.to(dtype)
+    return (h * torch.nn.functional.silu(gate.float())).to(dtype)
+
+
+def gdn_verify_gated(q, k, v, g, beta, state, gate, weight, eps, *, scale=None, use_qk_l2norm=True, num_tokens=None):
+    """Naive twin of `hybridspec.ops.gdn_verify_gated`: `gdn_verify`'s output through
+    `gated_rms_norm` per value head (`gate` `[B, T, HV, V]`), rows past `num_tokens` zeros, and the
+    factors `(z, k, g_cum)`."""
+    o, z, kn, g_cum = gdn_verify(q, k, v, g, beta, state, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                                 num_tokens=num_tokens)
+    out = gated_rms_norm(o, gate, weight, eps)
+    if num_tokens is not None:
+        T = q.shape[1]
+        valid = torch.arange(T, device=num_tokens.device)[None, :] < num_tokens[:, None]  # [B, T]
+        out = torch.where(valid[..., None, None].to(out.device), out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return out, z, kn, g_cum

@@ -13,9 +13,10 @@ from transformers.activations import ACT2FN
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.fused import fused_rows, fused_weight, plain_unsharded, project
-from hybridspec.ops import decode_attention, gdn_verify_packed, route_topk, route_topk_partials, small_linear, small_linear_partials
+from hybridspec.ops import decode_attention, gdn_verify_gated, gdn_verify_packed, route_topk, route_topk_partials, small_linear, small_linear_partials
 from hybridspec.ops import linear as linear_ops
 from hybridspec.ops import moe as moe_ops
+from hybridspec.ops.gdn import VERIFY_CONFIG
 from hybridspec.ops.linear import fits
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.split_projection import split_in_gemm, split_out_projection
@@ -43,13 +44,22 @@ def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
-def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None) -> torch.Tensor:
+def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None,
+             gated_rms_norm: bool = False) -> torch.Tensor:
     """GDN verify of one layer (`mixed` `[B, w, C]`: the conv's q, k and v side by side) into the
-    round's factor buffers, then the gated norm and out_proj."""
+    round's factor buffers, then the gated norm and out_proj. `gated_rms_norm`: `mod.norm` is the
+    family's own `RMSNormGated` (silu gate), which one row (the AR step) applies inside the verify
+    kernel (`VERIFY_CONFIG["gated_one_row"]`); any other norm module runs as it is."""
     B, w = mixed.shape[:2]
-    o, _ = gdn_verify_packed(mixed, g, beta, slot.state, num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim,
-                             head_v_dim=mod.head_v_dim, num_tokens=num_tokens, factors_out=slot.factors)
-    o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
+    kw = dict(num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim, head_v_dim=mod.head_v_dim,
+              num_tokens=num_tokens, factors_out=slot.factors)
+    if w == 1 and gated_rms_norm and VERIFY_CONFIG["gated_one_row"] and mod.norm.activation == "silu":
+        o, _ = gdn_verify_gated(mixed, g, beta, slot.state, z.reshape(B, 1, -1, mod.head_v_dim), mod.norm.weight,
+                                mod.norm.variance_epsilon, **kw)
+        o = o.reshape(B, w, -1)
+    else:
+        o, _ = gdn_verify_packed(mixed, g, beta, slot.state, **kw)
+        o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
     out = split_out_projection(mod.out_proj, o)
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)
 

@@ -52,4 +52,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     z = z.reshape(B, w, -1, mod.head_v_dim)
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens)
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, gated_rms_norm=type(mod.norm) is modeling.Qwen3_5MoeRMSNormGated)

@@ -49,4 +49,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     mixed = conv_verify(mod, mixed, slot).transpose(1, 2).contiguous()
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens)
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, gated_rms_norm=type(mod.norm) is modeling.Qwen3NextRMSNormGated)

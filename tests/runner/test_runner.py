@@ -140,6 +140,24 @@ def test_autoregressive_runner_equals_target_only(pair):
         runner.generate(prompt, 64)
 
 
+def test_autoregressive_runner_with_the_gated_verify_equals_target_only(pair, monkeypatch):
+    """`VERIFY_CONFIG["gated_one_row"]` on: each GDN layer's one-row step verifies and normalises in
+    `gdn_verify_gated` (its naive twin here), and the tokens are still the target's."""
+    from hybridspec.ops import gdn as gdn_mod
+    from hybridspec.patches import common
+
+    model, _ = pair
+    prompt, ref = reference(model, 4)
+    calls = []
+    gated = common.gdn_verify_gated
+    monkeypatch.setattr(common, "gdn_verify_gated", lambda *a, **k: calls.append(a[0].shape) or gated(*a, **k))
+    monkeypatch.setitem(gdn_mod.VERIFY_CONFIG, "gated_one_row", 1)
+    out, _ = Runner(model, capacity=64).generate(prompt, MAX_NEW)
+    assert torch.equal(out, ref)
+    layers = model.config.get_text_config().layer_types.count("linear_attention")
+    assert len(calls) >= layers and all(shape[1] == 1 for shape in calls)
+
+
 def test_calls_the_runner_cannot_serve_run_the_reference_loop(pair):
     model, drafter = pair
     prompt, ref = reference(model, 3, repetition_penalty=1.3)

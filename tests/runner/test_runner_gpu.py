@@ -66,8 +66,15 @@ def test_captured_rounds_equal_eager_rounds_and_target_only(build, lengths):
 
 
 @pytest.mark.gpu
-def test_captured_autoregressive_runner_equals_target_only():
-    model = qwen35_causal_lm(seed=4).cuda()
+@pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
+@pytest.mark.parametrize("gated", [0, 1], ids=["norm-apart", "gated-verify"])
+def test_captured_autoregressive_runner_equals_target_only(build, gated, monkeypatch):
+    """The captured AR step against target-only decoding, with the GDN mixer's gated norm apart
+    and inside the one-row verify kernel (`VERIFY_CONFIG["gated_one_row"]`)."""
+    from hybridspec.ops import gdn as gdn_mod
+
+    monkeypatch.setitem(gdn_mod.VERIFY_CONFIG, "gated_one_row", gated)
+    model = build(seed=4).cuda()
     ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
     runner = Runner(model, capacity=256)
     assert runner.captured
