@@ -121,6 +121,22 @@ def verify(one_row: bool, BV: int = 32, BK: int = 64, num_warps: int = 4, rows: 
                         num_warps=num_warps, types={"scale": "fp32"}, ints=dict(T=rows, **strides))
 
 
+def verify_gated(BK: int = 32, num_warps: int = 8):
+    """`gdn_verify_gated_kernel` as the AR step launches it (`hybridspec.ops.gdn_gated`): one
+    program per value head holding its 128 columns, the gate a view of the fused input projection's
+    output row (the 35B-A3B shape's 12,352 + 4,096 + 2 x 32 columns), a bf16 norm weight."""
+    from hybridspec.ops.gdn_verify_gated_triton import gdn_verify_gated_kernel
+
+    width, heads = 2 * GDN["HK"] * GDN["K"] + GDN["HV"] * GDN["V"], GDN["HV"]
+    strides = dict(sqb=width, sqh=GDN["K"], skb=width, skh=GDN["K"], svb=width, svh=GDN["V"], sgb=heads,
+                   sbb=heads, sgateb=width + heads * GDN["V"] + 2 * heads, sgateh=GDN["V"])
+    return compile_sm90(gdn_verify_gated_kernel, "bf16",
+                        dict({k: GDN[k] for k in ("HK", "HV", "K", "V")}, BK=BK, HAS_NUM_TOKENS=True,
+                             USE_L2NORM=True, ROUND_INPUT=True, ROUND_PRODUCT=True, USE_PDL=True),
+                        fp32_pointers=("g_ptr", "beta_ptr", "state_ptr", "z_ptr", "kn_ptr", "gcum_ptr"),
+                        num_warps=num_warps, types={"scale": "fp32", "eps": "fp32"}, ints=strides)
+
+
 def moe(kind: str, rows: int = 1, **changes):
     """The experts' gate/up or down kernel (bf16, shared expert, 256 experts) on `rows` rows (1: the
     AR step, 16: a round) at the default `MoEKernelConfig` with `changes`."""
@@ -168,6 +184,10 @@ ROWS = {
     "gdn_verify 16-row BV32 BK64 w8 round": ("8 warps", lambda: verify(False, num_warps=8, rows=16)),
     "gdn_verify 16-row BV32 BK32 w4 round": ("a narrower key chunk", lambda: verify(False, BK=32, rows=16)),
     "gdn_verify one-row BV32 BK64 w4 AR": ("the AR step's one-row form (VERIFY_CONFIG one_row)", lambda: verify(True)),
+    "gdn_verify_gated BK32 w8 AR": ("the one-row verify with the gated norm (VERIFY_CONFIG gated_one_row)",
+                                    verify_gated),
+    "gdn_verify_gated BK32 w4 AR": ("4 warps", lambda: verify_gated(num_warps=4)),
+    "gdn_verify_gated BK64 w8 AR": ("a wider key chunk", lambda: verify_gated(BK=64)),
     "moe_gate_up default AR": ("the experts' gate/up at MoEKernelConfig's defaults", lambda: moe("gate_up")),
     "moe_gate_up default round": ("the same on 16 rows", lambda: moe("gate_up", rows=16)),
     "moe_gate_up gate_up_warps=8 AR": ("8 warps", lambda: moe("gate_up", gate_up_warps=8)),
