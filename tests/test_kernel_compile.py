@@ -43,7 +43,8 @@ def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
 
 # every other kernel in the runner's form, programmatic dependent launch on (hybridspec/ops/pdl_triton.py)
 def test_the_other_kernels_compile_for_sm90_with_pdl():
-    from hybridspec.ops import attention_triton, gdn_commit_triton, gdn_verify_triton, linear_triton, lm_head_triton, route_triton
+    from hybridspec.ops import (attention_triton, gdn_commit_triton, gdn_verify_gated_triton, gdn_verify_triton, linear_triton,
+                                lm_head_triton, route_triton)
 
     pdl = dict(USE_PDL=True)
     gdn = dict(HK=16, HV=32, K=128, V=128, BT=16, PRECISION="ieee", **pdl)
@@ -66,6 +67,12 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
                                                                        ONE_ROW=True),
                      types={"scale": "fp32"}),
         compile_sm90(gdn_commit_triton.gdn_commit_kernel, "fp32", dict(gdn, BV=32), types={"num_commit_ptr": "*i64"}),
+        # the AR step's verify with the gated norm (hybridspec/ops/gdn_gated.py), bf16 and fp32
+        *(compile_sm90(gdn_verify_gated_triton.gdn_verify_gated_kernel, dtype,
+                       dict(HK=16, HV=32, K=128, V=128, BK=32, HAS_NUM_TOKENS=True, USE_L2NORM=True,
+                            ROUND_INPUT=dtype == "bf16", ROUND_PRODUCT=dtype == "bf16", **pdl),
+                       fp32_pointers=("g_ptr", "beta_ptr", "state_ptr", "z_ptr", "kn_ptr", "gcum_ptr"),
+                       types={"scale": "fp32", "eps": "fp32"}, num_warps=8) for dtype in ("bf16", "fp32")),
         compile_sm90(attention_triton.decode_attention_split_kernel, "bf16",
                      dict(W=16, G=8, HKV=2, D=256, DP=256, BM=16, BN=64, SPLITS=8, HAS_START=True, CAUSAL=True,
                           PRECISION="tf32", UPCAST=False, ROUND_BF16=False, **pdl),
