@@ -46,7 +46,12 @@ class GDNFactors(NamedTuple):
 # (docs/benchmarks.md, "The verify kernel's one-row form on an H100")
 # `gated_one_row` (0 or 1): the GDN mixer's AR step verifies and applies its gated RMSNorm in one
 # kernel (`hybridspec.ops.gdn_gated`, one program per value head, `gated_BK` key rows a step,
-# `gated_num_warps` warps) instead of the 16-row verify and inductor's two norm kernels.
+# `gated_num_warps` warps) instead of the 16-row verify and inductor's two norm kernels. Off: on two
+# H100s it is exact against the target in fp32 (the captured AR runner, both families) and the
+# step's timeline lost the two norm kernels, but its one kernel (32 programs, each streaming a
+# 64 KB state) took about what the three had, and the AR step was no faster beyond the spread of
+# its off rows (3.245 against 3.178 / 3.235 ms; 3.267-3.269 against 3.276 / 3.345 ms;
+# docs/benchmarks.md, "The GDN gated norm inside the one-row verify"). Not timed on an H200.
 VERIFY_CONFIG = {"BV": 32, "BK": 64, "num_warps": 4, "BV_max": 64, "min_programs": 256, "one_row": 0,
                  "BV_one_row": 32, "gated_one_row": 0, "gated_BK": 32, "gated_num_warps": 8}
 COMMIT_CONFIG = {"BV": 32, "num_warps": 4}

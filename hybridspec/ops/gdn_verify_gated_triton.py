@@ -8,9 +8,12 @@ computes it (the factors stored the same way), then transformers' `RMSNormGated`
     y = weight * (x / sqrt(mean(x^2) + eps)).to(input dtype)      (rounded to their product's dtype)
     out = (y * silu(gate)).to(input dtype)                         (the product and silu in fp32)
 
-Why: at one row the norm ran as two inductor kernels after the verify kernel, ~2.4 us a GDN layer
-exposed on an H100 (docs/benchmarks.md, "Where the AR step's time goes"); here it is a few register
-ops on the row the program already holds. A row past `num_tokens` gives zeros.
+Why: at one row the norm ran as two inductor kernels after the verify kernel, ~2.1-2.4 us a GDN
+layer exposed on an H100 (docs/benchmarks.md, "Where the AR step's time goes"); here it is a few
+register ops on the row the program already holds. A row past `num_tokens` gives zeros. Measured on
+H100s: the two kernels go, but this one (32 programs, each streaming its head's 64 KB state) takes
+about 6.7 us where the verify kernel and the norm took 7.7, and the AR step is no faster beyond
+its spread, so `VERIFY_CONFIG["gated_one_row"]` is off (hybridspec/ops/gdn.py).
 """
 
 from __future__ import annotations
