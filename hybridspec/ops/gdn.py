@@ -271,19 +271,24 @@ def gdn_verify_packed(
 ) -> tuple[torch.Tensor, GDNFactors]:
     """`gdn_verify` on `qkv` `[B, T, 2 HK K + HV V]`: q, k and v side by side in the last dim, as
     the GDN mixer's conv writes them; the same kernel and results as `gdn_verify` on its split."""
-    check(qkv.dim() == 3, f"qkv must be [B, T, 2 HK K + HV V], got {tuple(qkv.shape)}")
-    C = qkv.shape[-1]
-    key_dim = num_k_heads * head_k_dim
-    check(num_k_heads >= 1 and head_k_dim >= 1 and head_v_dim >= 1 and C > 2 * key_dim
-          and (C - 2 * key_dim) % head_v_dim == 0,
-          f"qkv's last dim {C} is not 2 x {num_k_heads} key heads x {head_k_dim} plus value heads of {head_v_dim}")
-    q, k, v = split_packed(qkv, num_k_heads, head_k_dim, head_v_dim)
+    q, k, v = checked_split(qkv, num_k_heads, head_k_dim, head_v_dim)
     factors_out = _checked(q, k, v, g, beta, state, num_tokens, factors_out)
     o = _gdn_verify_packed_op(
         qkv, g, beta, state, num_tokens, *factors_out, num_k_heads, head_k_dim, head_v_dim,
         head_k_dim**-0.5 if scale is None else float(scale), use_qk_l2norm,
     )
     return o, GDNFactors(*factors_out)
+
+
+def checked_split(qkv: torch.Tensor, num_k_heads: int, head_k_dim: int, head_v_dim: int):
+    """`split_packed` after checking that `qkv` `[B, T, C]` splits into those heads."""
+    check(qkv.dim() == 3, f"qkv must be [B, T, 2 HK K + HV V], got {tuple(qkv.shape)}")
+    C = qkv.shape[-1]
+    key_dim = num_k_heads * head_k_dim
+    check(num_k_heads >= 1 and head_k_dim >= 1 and head_v_dim >= 1 and C > 2 * key_dim
+          and (C - 2 * key_dim) % head_v_dim == 0,
+          f"qkv's last dim {C} is not 2 x {num_k_heads} key heads x {head_k_dim} plus value heads of {head_v_dim}")
+    return split_packed(qkv, num_k_heads, head_k_dim, head_v_dim)
 
 
 def _checked(q, k, v, g, beta, state, num_tokens, factors_out: GDNFactors | None) -> GDNFactors:

@@ -11,7 +11,7 @@ import torch
 from hybridspec.ops import naive
 from hybridspec.ops.checks import check
 from hybridspec.ops.dispatch import count_launch, pdl_launch, use_pdl, use_triton
-from hybridspec.ops.gdn import VERIFY_CONFIG, GDNFactors, _checked, split_packed
+from hybridspec.ops.gdn import VERIFY_CONFIG, GDNFactors, _checked, checked_split, split_packed
 
 
 def _round_product(weight: torch.dtype, x: torch.dtype) -> bool:
@@ -100,12 +100,7 @@ def gdn_verify_gated(
     output `[B, 1, HV, V]` in `qkv`'s dtype (zeros for a row past `num_tokens`) and the factors."""
     check(qkv.dim() == 3 and qkv.shape[1] == 1,
           f"gdn_verify_gated takes one row (T = 1) of qkv [B, 1, C], got {tuple(qkv.shape)}")
-    C = qkv.shape[-1]
-    key_dim = num_k_heads * head_k_dim
-    check(num_k_heads >= 1 and head_k_dim >= 1 and head_v_dim >= 1 and C > 2 * key_dim
-          and (C - 2 * key_dim) % head_v_dim == 0,
-          f"qkv's last dim {C} is not 2 x {num_k_heads} key heads x {head_k_dim} plus value heads of {head_v_dim}")
-    q, k, v = split_packed(qkv, num_k_heads, head_k_dim, head_v_dim)
+    q, k, v = checked_split(qkv, num_k_heads, head_k_dim, head_v_dim)
     factors_out = _checked(q, k, v, g, beta, state, num_tokens, factors_out)
     B, _, HV, V = v.shape
     check(gate.shape == (B, 1, HV, V) and gate.stride(-1) == 1,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hybridspec.ops.gdn_verify_triton import _verify_one_row
+from hybridspec.ops.gdn_verify_triton import _verify_one_row, program_heads
 from hybridspec.ops.pdl_triton import pdl_enter
 
 
@@ -37,13 +37,7 @@ def gdn_verify_gated_kernel(
 ):
     pdl_enter(USE_PDL)
     i_bh = tl.program_id(0)
-    b = i_bh // HV
-    h = i_bh % HV
-    hk = h // (HV // HK)
-    if HAS_NUM_TOKENS:
-        n = tl.load(num_tokens_ptr + b).to(tl.int32)
-    else:
-        n = 1
+    b, h, hk, n = program_heads(i_bh, num_tokens_ptr, 1, HK, HV, HAS_NUM_TOKENS)
     O = _verify_one_row(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, z_ptr, kn_ptr, gcum_ptr,
         0, i_bh, b, h, hk, n, scale, sqb, sqh, skb, skh, svb, svh, sgb, sbb,

@@ -28,6 +28,21 @@ from hybridspec.ops.pdl_triton import pdl_enter
 
 
 @triton.jit
+def program_heads(i_bh, num_tokens_ptr, T, HK: tl.constexpr, HV: tl.constexpr, HAS_NUM_TOKENS: tl.constexpr):
+    """A program's batch row `b`, value head `h`, key head `hk` and row count `n` from its
+    (batch x value head) index."""
+    b = i_bh // HV
+    h = i_bh % HV
+    # value head h reads key head h // (HV // HK), as transformers' repeat_interleave does
+    hk = h // (HV // HK)
+    if HAS_NUM_TOKENS:
+        n = tl.load(num_tokens_ptr + b).to(tl.int32)
+    else:
+        n = T
+    return b, h, hk, n
+
+
+@triton.jit
 def _verify_one_row(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, z_ptr, kn_ptr, gcum_ptr,
     i_v, i_bh, b, h, hk, n, scale, sqb, sqh, skb, skh, svb, svh, sgb, sbb,
@@ -107,14 +122,7 @@ def gdn_verify_kernel(
     pdl_enter(USE_PDL)
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
-    b = i_bh // HV
-    h = i_bh % HV
-    # value head h reads key head h // (HV // HK), as transformers' repeat_interleave does
-    hk = h // (HV // HK)
-    if HAS_NUM_TOKENS:
-        n = tl.load(num_tokens_ptr + b).to(tl.int32)
-    else:
-        n = T
+    b, h, hk, n = program_heads(i_bh, num_tokens_ptr, T, HK, HV, HAS_NUM_TOKENS)
 
     if ONE_ROW:
         O = _verify_one_row(
