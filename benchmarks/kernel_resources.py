@@ -124,7 +124,8 @@ def verify(one_row: bool, BV: int = 32, BK: int = 64, num_warps: int = 4, rows: 
 def verify_gated(BK: int = 32, num_warps: int = 8):
     """`gdn_verify_gated_kernel` as the AR step launches it (`hybridspec.ops.gdn_gated`): one
     program per value head holding its 128 columns, the gate a view of the fused input projection's
-    output row (the 35B-A3B shape's 12,352 + 4,096 + 2 x 32 columns), a bf16 norm weight."""
+    output row (12,352 columns at the 35B-A3B shape: q, k and v 8,192, z 4,096, b and a 32 each),
+    a bf16 norm weight."""
     from hybridspec.ops.gdn_verify_gated_triton import gdn_verify_gated_kernel
 
     width, heads = 2 * GDN["HK"] * GDN["K"] + GDN["HV"] * GDN["V"], GDN["HV"]

@@ -9,9 +9,15 @@ from __future__ import annotations
 import torch
 
 from hybridspec.ops import naive
-from hybridspec.ops.checks import check
+from hybridspec.ops.checks import FLOAT_INPUTS, check
 from hybridspec.ops.dispatch import count_launch, pdl_launch, use_pdl, use_triton
 from hybridspec.ops.gdn import VERIFY_CONFIG, GDNFactors, _checked, checked_split, split_packed
+
+
+def gated_block_k(K: int, config: dict = VERIFY_CONFIG) -> int:
+    """The key rows a program loads a step: `gated_BK` rounded down to a power of two (as `tl.arange`
+    needs; K is one, so it divides K), at least 16 and at most K."""
+    return min(K, 1 << (max(16, config["gated_BK"]).bit_length() - 1))
 
 
 def _round_product(weight: torch.dtype, x: torch.dtype) -> bool:
@@ -54,7 +60,7 @@ def _gdn_verify_gated_op(
             scale, eps,
             q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
             g.stride(0), beta.stride(0), gate.stride(0), gate.stride(2),
-            HK=HK, HV=HV, K=K, V=V, BK=min(K, VERIFY_CONFIG["gated_BK"]),
+            HK=HK, HV=HV, K=K, V=V, BK=gated_block_k(K),
             HAS_NUM_TOKENS=num_tokens is not None, USE_L2NORM=use_qk_l2norm,
             ROUND_INPUT=v.dtype != torch.float32, ROUND_PRODUCT=_round_product(norm_weight.dtype, v.dtype),
             USE_PDL=pdl, num_warps=VERIFY_CONFIG["gated_num_warps"], **pdl_launch(pdl),
@@ -109,8 +115,8 @@ def gdn_verify_gated(
     check(norm_weight.shape == (V,) and norm_weight.is_contiguous(),
           f"norm_weight must be a contiguous [{V}], got {tuple(norm_weight.shape)}")
     for name, t in (("gate", gate), ("norm_weight", norm_weight)):
-        check(t.dtype.is_floating_point and t.device == qkv.device,
-              f"{name} must be a float tensor on {qkv.device}, got {t.dtype} on {t.device}")
+        check(t.dtype in FLOAT_INPUTS and t.device == qkv.device,
+              f"{name} must be fp32, bf16 or fp16 on {qkv.device}, got {t.dtype} on {t.device}")
     out = _gdn_verify_gated_op(
         qkv, g, beta, state, num_tokens, gate, norm_weight, *factors_out, num_k_heads, head_k_dim, head_v_dim,
         head_k_dim**-0.5 if scale is None else float(scale), use_qk_l2norm, float(eps),

@@ -44,16 +44,26 @@ def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
+def plain_gated_norm(norm: nn.Module, cls: type, forward) -> bool:
+    """`norm` is transformers' `cls` itself with the `forward` it was defined with (kernelize, the
+    hub's kernel layers, swaps it for fla's, which rounds otherwise), no instance-level forward and
+    no forward hooks, and a silu gate: what it computes is `naive.gated_rms_norm`, so the verify
+    kernel may apply it instead (`gdn_verify_gated`)."""
+    return (type(norm) is cls and cls.forward is forward and "forward" not in vars(norm)
+            and not norm._forward_hooks and not norm._forward_pre_hooks and norm.activation == "silu")
+
+
 def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None,
              gated_rms_norm: bool = False) -> torch.Tensor:
     """GDN verify of one layer (`mixed` `[B, w, C]`: the conv's q, k and v side by side) into the
     round's factor buffers, then the gated norm and out_proj. `gated_rms_norm`: `mod.norm` is the
-    family's own `RMSNormGated` (silu gate), which one row (the AR step) applies inside the verify
-    kernel (`VERIFY_CONFIG["gated_one_row"]`); any other norm module runs as it is."""
+    family's own `RMSNormGated` as transformers defines it (`plain_gated_norm`), which one row (the
+    AR step) applies inside the verify kernel (`VERIFY_CONFIG["gated_one_row"]`); any other norm
+    module runs as it is."""
     B, w = mixed.shape[:2]
     kw = dict(num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim, head_v_dim=mod.head_v_dim,
               num_tokens=num_tokens, factors_out=slot.factors)
-    if w == 1 and gated_rms_norm and VERIFY_CONFIG["gated_one_row"] and mod.norm.activation == "silu":
+    if w == 1 and gated_rms_norm and VERIFY_CONFIG["gated_one_row"]:
         o, _ = gdn_verify_gated(mixed, g, beta, slot.state, z.reshape(B, 1, -1, mod.head_v_dim), mod.norm.weight,
                                 mod.norm.variance_epsilon, **kw)
         o = o.reshape(B, w, -1)

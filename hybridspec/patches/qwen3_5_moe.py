@@ -8,7 +8,7 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
 
 from hybridspec import parallel
 from hybridspec.fused import project
-from hybridspec.patches.common import conv_verify, gdn_core
+from hybridspec.patches.common import conv_verify, gdn_core, plain_gated_norm
 from hybridspec.split_projection import split_in_gemm
 from hybridspec.state import GDNSlot
 
@@ -16,6 +16,9 @@ MODEL_TYPES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
 # the GDN mixer's input projections, in the order `gdn_verify_layer` splits their fused output
 GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 apply_rope = modeling.apply_rotary_pos_emb
+# the GDN mixer's norm and the forward transformers defines it with, taken at import (before any
+# kernelize can swap it): `plain_gated_norm`
+GATED_NORM = (modeling.Qwen3_5MoeRMSNormGated, modeling.Qwen3_5MoeRMSNormGated.forward)
 # the sparse MoE block's router: `F.linear(x, weight)`, then softmax, top-k, renormalised
 ROUTERS = (modeling.Qwen3_5MoeTopKRouter,)
 
@@ -52,4 +55,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     z = z.reshape(B, w, -1, mod.head_v_dim)
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, gated_rms_norm=type(mod.norm) is modeling.Qwen3_5MoeRMSNormGated)
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, gated_rms_norm=plain_gated_norm(mod.norm, *GATED_NORM))

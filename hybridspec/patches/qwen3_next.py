@@ -8,7 +8,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as modeling
 
 from hybridspec import parallel
 from hybridspec.fused import project
-from hybridspec.patches.common import conv_verify, gdn_core
+from hybridspec.patches.common import conv_verify, gdn_core, plain_gated_norm
 from hybridspec.split_projection import split_in_gemm
 from hybridspec.state import GDNSlot
 
@@ -16,6 +16,9 @@ MODEL_TYPES = ("Qwen3NextForCausalLM",)
 # the GDN mixer's input projections, in the order `gdn_verify_layer` splits their fused output
 GDN_PROJECTIONS = ("in_proj_qkvz", "in_proj_ba")
 apply_rope = modeling.apply_rotary_pos_emb
+# the GDN mixer's norm and the forward transformers defines it with, taken at import (before any
+# kernelize can swap it): `plain_gated_norm`
+GATED_NORM = (modeling.Qwen3NextRMSNormGated, modeling.Qwen3NextRMSNormGated.forward)
 # the sparse MoE block's router: `F.linear(x, weight)`, then softmax, top-k, renormalised per config
 ROUTERS = (modeling.Qwen3NextTopKRouter,)
 
@@ -49,4 +52,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     mixed = conv_verify(mod, mixed, slot).transpose(1, 2).contiguous()
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, gated_rms_norm=type(mod.norm) is modeling.Qwen3NextRMSNormGated)
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, gated_rms_norm=plain_gated_norm(mod.norm, *GATED_NORM))

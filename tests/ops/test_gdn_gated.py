@@ -12,7 +12,7 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeRMSNo
 
 from hybridspec.ops import gdn as gdn_mod
 from hybridspec.ops import gdn_verify_gated, gdn_verify_packed, naive
-from hybridspec.ops.gdn_gated import _round_product
+from hybridspec.ops.gdn_gated import _round_product, gated_block_k
 from tests.helpers import assert_rel
 from tests.ops.conftest import expect_launch
 from tests.ops.gdn_inputs import GDNCase, gdn_cases, make_inputs
@@ -105,6 +105,37 @@ def test_twin_norm_is_the_transformers_module():
         assert torch.equal(naive.gated_rms_norm(x, gate, norm.weight, EPS), norm(x, gate))
 
 
+def test_block_k_is_a_power_of_two_within_the_head():
+    assert gated_block_k(128) == 32 and gated_block_k(16) == 16
+    for bk, want in ((48, 32), (8, 16), (256, 128), (100, 64)):
+        assert gated_block_k(128, {**gdn_mod.VERIFY_CONFIG, "gated_BK": bk}) == want
+
+
+def test_only_the_plain_module_counts_as_its_norm():
+    """`plain_gated_norm`: the transformers class with its own forward, no instance forward, no
+    hooks and a silu gate; anything else keeps the module call (a kernelized norm computes fla's
+    rounding, a hook may change the output)."""
+    from hybridspec.patches import qwen3_5_moe
+    from hybridspec.patches.common import plain_gated_norm
+
+    cls, forward = qwen3_5_moe.GATED_NORM
+
+    def norm():
+        return cls(16, eps=EPS)
+
+    assert plain_gated_norm(norm(), cls, forward)
+    hooked = norm()
+    hooked.register_forward_hook(lambda *a: None)
+    patched = norm()
+    patched.forward = lambda x, gate: x
+    other = norm()
+    other.activation = "gelu"
+    for module in (hooked, patched, other):
+        assert not plain_gated_norm(module, cls, forward)
+    assert not plain_gated_norm(type("Sub", (cls,), {})(16), cls, forward)
+    assert not plain_gated_norm(norm(), cls, lambda self, x, gate: x)  # the class's forward swapped
+
+
 def test_round_product_follows_torch_promotion():
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
     assert _round_product(bf16, bf16) and _round_product(fp16, fp16)
@@ -132,6 +163,8 @@ def test_rejects_what_it_cannot_take(device):
         gdn_verify_gated(qkv, g, beta, state, gate.transpose(2, 3), weight, EPS, **kw)
     with pytest.raises(ValueError, match="norm_weight must be"):
         gdn_verify_gated(qkv, g, beta, state, gate, weight[:8], EPS, **kw)
+    with pytest.raises(ValueError, match="norm_weight must be fp32, bf16 or fp16"):
+        gdn_verify_gated(qkv, g, beta, state, gate, weight.double(), EPS, **kw)
     with pytest.raises(ValueError, match="g and beta must be"):
         gdn_verify_gated(qkv[..., :-16], g, beta, state, gate, weight, EPS, **kw)
 
@@ -163,24 +196,28 @@ def test_gated_verify_qwen_shape_cuda(n, dtype):
 
 
 @pytest.mark.gpu
-def test_gated_epilogue_rounds_as_the_module_cuda():
-    """At bf16 the epilogue gives the module's bits on the one-row verify's own output (the same
-    fp32 sums as the one-row path of `gdn_verify_packed`): only the variance's summation order may
-    differ from torch's, so almost no element may differ, and none by more than one ulp."""
-    case = _case(1, 16, 2, 128, 128, torch.bfloat16, 7)
+@pytest.mark.parametrize("dtype, weight_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                 (torch.float16, torch.float16), (torch.float16, torch.float32)])
+def test_gated_epilogue_rounds_as_the_module_cuda(dtype, weight_dtype):
+    """In 16 bits the epilogue gives the module's bits on the one-row verify's own output (the same
+    fp32 sums as the one-row path of `gdn_verify_packed`), with the weight in the input's dtype (its
+    product rounded) or in fp32 (not): only the variance's summation order may differ from torch's,
+    so almost no element may differ, and none by more than one ulp."""
+    case = _case(1, 16, 2, 128, 128, dtype, 7)
     q, k, v, g, beta, state = make_inputs(case, "cuda")
     qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
     gen = torch.Generator().manual_seed(8)
-    gate = torch.randn(1, 1, case.HV, case.V, generator=gen).to(torch.bfloat16).cuda()
-    norm = Qwen3_5MoeRMSNormGated(case.V, eps=EPS).to(torch.bfloat16).cuda()
+    gate = torch.randn(1, 1, case.HV, case.V, generator=gen).to(dtype).cuda()
+    norm = Qwen3_5MoeRMSNormGated(case.V, eps=EPS).to(weight_dtype).cuda()
     with torch.no_grad():
         norm.weight.copy_(1 + 0.3 * torch.randn(case.V, generator=gen))
     kw = dict(num_k_heads=case.HK, head_k_dim=case.K, head_v_dim=case.V)
-    out, _ = gdn_verify_gated(qkv, g, beta, state, gate, norm.weight, EPS, **kw)
-    with mock.patch.dict(gdn_mod.VERIFY_CONFIG, {"one_row": 1}):
-        o, _ = gdn_verify_packed(qkv, g, beta, state, **kw)
-    want = norm(o, gate)
+    with torch.no_grad():
+        out, _ = gdn_verify_gated(qkv, g, beta, state, gate, norm.weight, EPS, **kw)
+        with mock.patch.dict(gdn_mod.VERIFY_CONFIG, {"one_row": 1}):
+            o, _ = gdn_verify_packed(qkv, g, beta, state, **kw)
+        want = norm(o, gate)
     differ = out != want
     assert differ.float().mean().item() < 0.01, f"{int(differ.sum())} of {out.numel()} elements differ"
-    ulp = want.float().abs() * 2.0**-7
+    ulp = want.float().abs() * (2.0**-7 if dtype == torch.bfloat16 else 2.0**-10)
     assert ((out.float() - want.float()).abs() <= ulp).all()
