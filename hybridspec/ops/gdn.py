@@ -77,10 +77,15 @@ def verify_block_v(V: int, rows: int, config: dict = VERIFY_CONFIG) -> int:
     return bv
 
 
+def pow2_tile(dim: int, want: int) -> int:
+    """`want` rounded down to a power of two (as `tl.arange` needs), at least 16 and at most `dim`
+    (a power of two itself, so the tile divides it)."""
+    return min(dim, 1 << (max(16, want).bit_length() - 1))
+
+
 def verify_block_v_one_row(V: int, config: dict = VERIFY_CONFIG) -> int:
-    """The one-row path's value tile: `BV_one_row` rounded down to a power of two (as `tl.arange`
-    needs), at least 16 and at most V."""
-    return min(V, 1 << (max(16, config["BV_one_row"]).bit_length() - 1))
+    """The one-row path's value tile: `BV_one_row` as a power-of-two tile of V (`pow2_tile`)."""
+    return pow2_tile(V, config["BV_one_row"])
 
 
 def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: float, use_qk_l2norm: bool) -> torch.Tensor:

@@ -11,13 +11,12 @@ import torch
 from hybridspec.ops import naive
 from hybridspec.ops.checks import FLOAT_INPUTS, check
 from hybridspec.ops.dispatch import count_launch, pdl_launch, use_pdl, use_triton
-from hybridspec.ops.gdn import VERIFY_CONFIG, GDNFactors, _checked, checked_split, split_packed
+from hybridspec.ops.gdn import VERIFY_CONFIG, GDNFactors, _checked, checked_split, pow2_tile, split_packed
 
 
 def gated_block_k(K: int, config: dict = VERIFY_CONFIG) -> int:
-    """The key rows a program loads a step: `gated_BK` rounded down to a power of two (as `tl.arange`
-    needs; K is one, so it divides K), at least 16 and at most K."""
-    return min(K, 1 << (max(16, config["gated_BK"]).bit_length() - 1))
+    """The key rows a program loads a step: `gated_BK` as a power-of-two tile of K (`pow2_tile`)."""
+    return pow2_tile(K, config["gated_BK"])
 
 
 def _round_product(weight: torch.dtype, x: torch.dtype) -> bool:

@@ -122,9 +122,6 @@ def gdn_verify_gated(q, k, v, g, beta, state, gate, weight, eps, *, scale=None, 
     factors `(z, k, g_cum)`."""
     o, z, kn, g_cum = gdn_verify(q, k, v, g, beta, state, scale=scale, use_qk_l2norm=use_qk_l2norm,
                                  num_tokens=num_tokens)
-    out = gated_rms_norm(o, gate, weight, eps)
-    if num_tokens is not None:
-        T = q.shape[1]
-        valid = torch.arange(T, device=num_tokens.device)[None, :] < num_tokens[:, None]  # [B, T]
-        out = torch.where(valid[..., None, None].to(out.device), out, torch.zeros((), dtype=out.dtype, device=out.device))
+    valid = _valid_rows(*q.shape[:2], num_tokens, o.device)[..., None, None]
+    out = torch.where(valid, gated_rms_norm(o, gate, weight, eps), torch.zeros((), dtype=o.dtype, device=o.device))
     return out, z, kn, g_cum

@@ -54,16 +54,16 @@ def plain_gated_norm(norm: nn.Module, cls: type, forward) -> bool:
 
 
 def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None,
-             gated_rms_norm: bool = False) -> torch.Tensor:
+             gated_norm: tuple | None = None) -> torch.Tensor:
     """GDN verify of one layer (`mixed` `[B, w, C]`: the conv's q, k and v side by side) into the
-    round's factor buffers, then the gated norm and out_proj. `gated_rms_norm`: `mod.norm` is the
-    family's own `RMSNormGated` as transformers defines it (`plain_gated_norm`), which one row (the
-    AR step) applies inside the verify kernel (`VERIFY_CONFIG["gated_one_row"]`); any other norm
-    module runs as it is."""
+    round's factor buffers, then the gated norm and out_proj. `gated_norm`: the family's
+    `RMSNormGated` class and its forward (`plain_gated_norm`); where `mod.norm` is that module as
+    transformers defines it, one row (the AR step) applies it inside the verify kernel
+    (`VERIFY_CONFIG["gated_one_row"]`); any other norm module runs as it is."""
     B, w = mixed.shape[:2]
     kw = dict(num_k_heads=mod.num_k_heads, head_k_dim=mod.head_k_dim, head_v_dim=mod.head_v_dim,
               num_tokens=num_tokens, factors_out=slot.factors)
-    if w == 1 and gated_rms_norm and VERIFY_CONFIG["gated_one_row"]:
+    if w == 1 and VERIFY_CONFIG["gated_one_row"] and gated_norm and plain_gated_norm(mod.norm, *gated_norm):
         o, _ = gdn_verify_gated(mixed, g, beta, slot.state, z.reshape(B, 1, -1, mod.head_v_dim), mod.norm.weight,
                                 mod.norm.variance_epsilon, **kw)
         o = o.reshape(B, w, -1)

@@ -8,7 +8,7 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
 
 from hybridspec import parallel
 from hybridspec.fused import project
-from hybridspec.patches.common import conv_verify, gdn_core, plain_gated_norm
+from hybridspec.patches.common import conv_verify, gdn_core
 from hybridspec.split_projection import split_in_gemm
 from hybridspec.state import GDNSlot
 
@@ -55,4 +55,4 @@ def gdn_verify_layer(mod, x: torch.Tensor, slot: GDNSlot, num_tokens: torch.Tens
     z = z.reshape(B, w, -1, mod.head_v_dim)
     beta = b.sigmoid()
     g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)
-    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, gated_rms_norm=plain_gated_norm(mod.norm, *GATED_NORM))
+    return gdn_core(mod, mixed, g, beta, z, slot, num_tokens, gated_norm=GATED_NORM)
