@@ -114,14 +114,16 @@ def _verify(q, k, v, g, beta, state, num_tokens, z_out, k_out, g_out, scale: flo
         )
         count_launch("gdn_verify")
         return o
-    o_ref, z, kn, g_cum = naive.gdn_verify(
-        q, k, v, g, beta, state, scale=scale, use_qk_l2norm=use_qk_l2norm, num_tokens=num_tokens
-    )
-    o.copy_(o_ref)
-    z_out.copy_(z)
-    k_out.copy_(kn)
-    g_out.copy_(g_cum)
-    return o
+    twin = naive.gdn_verify(q, k, v, g, beta, state, scale=scale, use_qk_l2norm=use_qk_l2norm, num_tokens=num_tokens)
+    return copy_twin((o, z_out, k_out, g_out), twin)
+
+
+def copy_twin(outs: Sequence[torch.Tensor], twin: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A verify op's body off the kernel: the twin's `(o, z, k, g_cum)` into the op's output and
+    factor buffers; returns the output."""
+    for dst, src in zip(outs, twin):
+        dst.copy_(src)
+    return outs[0]
 
 
 @torch.library.custom_op(

@@ -11,7 +11,7 @@ import torch
 from hybridspec.ops import naive
 from hybridspec.ops.checks import FLOAT_INPUTS, check
 from hybridspec.ops.dispatch import count_launch, pdl_launch, use_pdl, use_triton
-from hybridspec.ops.gdn import VERIFY_CONFIG, GDNFactors, _checked, checked_split, pow2_tile, split_packed
+from hybridspec.ops.gdn import VERIFY_CONFIG, GDNFactors, _checked, checked_split, copy_twin, pow2_tile, split_packed
 
 
 def gated_block_k(K: int, config: dict = VERIFY_CONFIG) -> int:
@@ -66,13 +66,9 @@ def _gdn_verify_gated_op(
         )
         count_launch("gdn_verify_gated")
         return out
-    ref, z, kn, g_cum = naive.gdn_verify_gated(q, k, v, g, beta, state, gate, norm_weight, eps, scale=scale,
-                                               use_qk_l2norm=use_qk_l2norm, num_tokens=num_tokens)
-    out.copy_(ref)
-    z_out.copy_(z)
-    k_out.copy_(kn)
-    g_out.copy_(g_cum)
-    return out
+    twin = naive.gdn_verify_gated(q, k, v, g, beta, state, gate, norm_weight, eps, scale=scale,
+                                  use_qk_l2norm=use_qk_l2norm, num_tokens=num_tokens)
+    return copy_twin((out, z_out, k_out, g_out), twin)
 
 
 @_gdn_verify_gated_op.register_fake
