@@ -40,6 +40,7 @@ Side by side in one run:
     python benchmarks/bench_runner.py --skip-hf --only-ar --ar-linear 'out_split_k=4;router_split_k=4'   # each in one process
     python benchmarks/bench_runner.py --skip-hf --only-ar --ar-moe 'gate_up_block_i=32;down_block_h=32'   # MoE tiles, likewise
     python benchmarks/bench_runner.py --skip-hf --only-ar --ar-gdn 'BV=64;num_warps=8'   # the GDN verify kernel's, likewise
+    python benchmarks/bench_runner.py --skip-hf --only-ar --ar-attention 'fused=0'   # the attention prologue unfused
     python benchmarks/bench_runner.py --skip-hf --only-ar --no-fused-head   # the greedy argmax from the logits
     python benchmarks/bench_runner.py --skip-hf --only-round-kernels   # every kernel of one whole round, w = 1 and 16
     python benchmarks/bench_runner.py --split-batch 4   # the per-part split of a batched round (B = 4)
@@ -608,12 +609,17 @@ def _assignments(text: str) -> list[tuple[str, str]]:
     return [tuple(item.partition("=")[::2]) for item in text.split(",") if item]
 
 
+# kinds whose config is a module-level dict rather than a `KERNEL_CONFIG` dataclass: its name
+_DICT_CONFIGS = {"gdn": "VERIFY_CONFIG", "attention": "PROLOGUE_CONFIG"}
+
+
 def _config_module(kind: str):
     """The module whose `KERNEL_CONFIG` a variant of this kind changes ("gdn": the verify kernel's
-    `VERIFY_CONFIG` dict of hybridspec/ops/gdn.py, through `_kernel_config`)."""
-    from hybridspec.ops import gdn, linear, moe
+    `VERIFY_CONFIG` dict of hybridspec/ops/gdn.py; "attention": `PROLOGUE_CONFIG` of
+    hybridspec/ops/prologue.py; both through `_DICT_CONFIGS`)."""
+    from hybridspec.ops import gdn, linear, moe, prologue
 
-    return {"linear": linear, "moe": moe, "gdn": gdn}[kind]
+    return {"linear": linear, "moe": moe, "gdn": gdn, "attention": prologue}[kind]
 
 
 def _kernel_config(kind: str) -> dict:
@@ -621,7 +627,9 @@ def _kernel_config(kind: str) -> dict:
     from dataclasses import asdict
 
     module = _config_module(kind)
-    return dict(module.VERIFY_CONFIG) if kind == "gdn" else asdict(module.KERNEL_CONFIG)
+    if kind in _DICT_CONFIGS:
+        return dict(getattr(module, _DICT_CONFIGS[kind]))
+    return asdict(module.KERNEL_CONFIG)
 
 
 def config_variant(kind: str, changes: dict):
@@ -631,8 +639,8 @@ def config_variant(kind: str, changes: dict):
     from unittest import mock
 
     module = _config_module(kind)
-    if kind == "gdn":
-        return mock.patch.dict(module.VERIFY_CONFIG, changes)
+    if kind in _DICT_CONFIGS:
+        return mock.patch.dict(getattr(module, _DICT_CONFIGS[kind]), changes)
     return mock.patch.object(module, "KERNEL_CONFIG", replace(module.KERNEL_CONFIG, **changes))
 
 
@@ -645,7 +653,7 @@ def _config_fields(text: str, kind: str, option: str) -> dict:
     changes = {}
     for name, value in _assignments(text):
         if name not in fields:
-            config = "VERIFY_CONFIG" if kind == "gdn" else type(_config_module(kind).KERNEL_CONFIG).__name__
+            config = _DICT_CONFIGS.get(kind) or type(_config_module(kind).KERNEL_CONFIG).__name__
             raise SystemExit(f"{option}: {config} has no field {name!r}")
         try:
             changes[name] = int(value)
@@ -673,8 +681,8 @@ def split_variants(text: str, option: str = "--split-variants") -> list[tuple[st
         if not part:
             continue
         kind, sep, fields = part.partition(":")
-        if not sep or kind not in ("linear", "moe", "gdn"):
-            raise SystemExit(f"{option}: {part!r} must be kind:name=value,... with kind linear, moe or gdn")
+        if not sep or kind not in ("linear", "moe", "gdn", "attention"):
+            raise SystemExit(f"{option}: {part!r} must be kind:name=value,... with kind linear, moe, gdn or attention")
         out.append((kind, _config_fields(fields, kind, option)))
     return out
 
@@ -783,6 +791,9 @@ def main() -> None:
     parser.add_argument("--ar-gdn", default="",
                         help="after the AR row (and any --ar-linear and --ar-moe variants), the AR step under each of "
                              "these ';'-separated VERIFY_CONFIG variants, e.g. 'BV=64;num_warps=8'")
+    parser.add_argument("--ar-attention", default="",
+                        help="after the other variants, the AR step under each of these ';'-separated "
+                             "PROLOGUE_CONFIG variants (hybridspec/ops/prologue.py), e.g. 'fused=0'")
     args = parser.parse_args()
     if args.split_batch and not 2 <= args.split_batch <= 4:
         raise SystemExit(f"--split-batch must be in 2..4 (the batched round's sizes), got {args.split_batch}")
@@ -793,7 +804,7 @@ def main() -> None:
     linear_cfg = linear_config(args.linear)
     moe_cfg = moe_config(args.moe)
     variants = (config_variants(args.ar_linear, "linear") + config_variants(args.ar_moe, "moe")
-                + config_variants(args.ar_gdn, "gdn"))
+                + config_variants(args.ar_gdn, "gdn") + config_variants(args.ar_attention, "attention"))
     global COMPILE, FUSED_HEAD
     COMPILE = not args.no_compile
     FUSED_HEAD = args.fused_head

@@ -119,11 +119,13 @@ def test_config_variants_are_parsed_and_checked():
     assert config_variants("gate_up_block_i=32;down_block_h=16,num_stages=2", "moe") == [
         ("moe", {"gate_up_block_i": 32}), ("moe", {"down_block_h": 16, "num_stages": 2})]
     assert config_variants("BV=64;num_warps=8", "gdn") == [("gdn", {"BV": 64}), ("gdn", {"num_warps": 8})]
+    assert config_variants("fused=0", "attention") == [("attention", {"fused": 0})]
     for bad, kind, match in (("out_split_k=0", "linear", r"--ar-linear: out_split_k must be in 1..16, got 0"),
                              ("router_split_k=17", "linear", r"router_split_k must be in 1..16, got 17"),
                              ("in_split_k=x", "linear", "in_split_k must be an integer, got 'x'"),
                              ("out_split_k=2;nope=1", "linear", "LinearKernelConfig has no field 'nope'"),
-                             ("out_split_k=2", "moe", "--ar-moe: MoEKernelConfig has no field 'out_split_k'")):
+                             ("out_split_k=2", "moe", "--ar-moe: MoEKernelConfig has no field 'out_split_k'"),
+                             ("BV=64", "attention", "--ar-attention: PROLOGUE_CONFIG has no field 'BV'")):
         with pytest.raises(SystemExit, match=match):
             config_variants(bad, kind)
 
@@ -188,7 +190,10 @@ def test_split_variants_parse_each_kind_and_stop_on_bad_input():
     with pytest.raises(SystemExit, match="kind:name=value"):
         split_variants("down_block_h=32")
     with pytest.raises(SystemExit, match="kind:name=value"):
+        split_variants("mamba:block_n=32")
+    with pytest.raises(SystemExit, match="PROLOGUE_CONFIG has no field 'block_n'"):
         split_variants("attention:block_n=32")
+    assert split_variants("attention:fused=0") == [("attention", {"fused": 0})]
     with pytest.raises(SystemExit, match="VERIFY_CONFIG has no field 'BQ'"):
         split_variants("gdn:BQ=64")
     with pytest.raises(SystemExit, match="MoEKernelConfig has no field 'fused'"):

@@ -3,8 +3,9 @@
 A family module exposes `MODEL_TYPES`, `text_model(model)`, `text_config(model)`,
 `rope(model, hidden, positions)`, `apply_rope(q, k, cos, sin)` and
 `gdn_verify_layer(module, x, slot, num_tokens)`, `GDN_PROJECTIONS` (the GDN mixer's input
-projections, which `hybridspec.patches.fusion` fuses), `ROUTERS` (the MoE router's module types)
-and `router_normalizes(router)`.
+projections, which `hybridspec.patches.fusion` fuses), `ROUTERS` (the MoE router's module types),
+`router_normalizes(router)`, and `GATED_NORM` / `QK_NORM` (the GDN mixer's gated norm and the
+attention mixer's q/k norm: class and forward, for `plain_gated_norm` / `plain_norm`).
 """
 
 from __future__ import annotations

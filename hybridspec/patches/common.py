@@ -13,11 +13,12 @@ from transformers.activations import ACT2FN
 from hybridspec import parallel
 from hybridspec.experts import hybridspec_experts_forward
 from hybridspec.fused import fused_rows, fused_weight, plain_unsharded, project
-from hybridspec.ops import decode_attention, gdn_verify_gated, gdn_verify_packed, route_topk, route_topk_partials, small_linear, small_linear_partials
+from hybridspec.ops import attention_prologue, decode_attention, gdn_verify_gated, gdn_verify_packed, route_topk, route_topk_partials, small_linear, small_linear_partials
 from hybridspec.ops import linear as linear_ops
 from hybridspec.ops import moe as moe_ops
 from hybridspec.ops.gdn import VERIFY_CONFIG
 from hybridspec.ops.linear import fits
+from hybridspec.ops.prologue import PROLOGUE_CONFIG
 from hybridspec.ops.route import MAX_EXPERTS
 from hybridspec.split_projection import split_in_gemm, split_out_projection
 from hybridspec.state import GDNSlot
@@ -74,8 +75,25 @@ def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | N
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)
 
 
+def plain_norm(norm: nn.Module, cls: type, forward) -> bool:
+    """`norm` is transformers' `cls` itself with the `forward` it was defined with, no instance-level
+    forward and no hooks: what it computes is `naive_prologue.rms_norm(offset=1)`, so
+    `attention_prologue` may apply it instead."""
+    return (type(norm) is cls and cls.forward is forward and "forward" not in vars(norm)
+            and not norm._forward_hooks and not norm._forward_pre_hooks)
+
+
+def fused_prologue(mod, qk_norm: tuple | None, cos: torch.Tensor) -> bool:
+    """Whether the attention layer's q/k norms, rotary and KV write run as one `attention_prologue`
+    launch: on (`PROLOGUE_CONFIG["fused"]`), both norms the family's own (`plain_norm`) with one
+    eps, and a rotary dim the op takes."""
+    return bool(PROLOGUE_CONFIG["fused"] and qk_norm and plain_norm(mod.q_norm, *qk_norm)
+                and plain_norm(mod.k_norm, *qk_norm) and mod.q_norm.eps == mod.k_norm.eps
+                and cos.shape[-1] % 2 == 0 and cos.shape[-1] <= mod.head_dim)
+
+
 def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, start, pad,
-                     apply_rope) -> torch.Tensor:
+                     apply_rope, qk_norm: tuple | None = None) -> torch.Tensor:
     """Gated attention of w new tokens against one layer's KV buffers `[B, Hkv, rows, D]`: write each
     row's w new keys/values at its committed length `start` `[B]` (a device tensor), then attend with
     `hybridspec.ops.decode_attention`, which reads only the positions below `start_b + w` and masks
@@ -88,6 +106,11 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     # one GEMM over the fused weight (hybridspec.fused); sharded, each rank's heads
     qg, k, v = project(mod, "qkv", linears, x, gemm=split_in_gemm) or [parallel.column(lin, x, gather=False) for lin in linears]
     q, gate = torch.chunk(qg.reshape(B, w, -1, mod.head_dim * 2), 2, dim=-1)
+    if fused_prologue(mod, qk_norm, cos_sin[0]):
+        # one launch for the norms, the rotary and the KV write (docs/design.md, "Layer boundaries")
+        q = attention_prologue(q, k.reshape(hidden_shape), v.reshape(hidden_shape), mod.q_norm.weight,
+                               mod.k_norm.weight, *cos_sin, keys, values, start, eps=mod.q_norm.eps)
+        return _attend(mod, q, keys, values, start, pad, gate)
     q = mod.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
     k = mod.k_norm(k.reshape(hidden_shape)).transpose(1, 2)
     v = v.reshape(hidden_shape).transpose(1, 2)
@@ -100,8 +123,13 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     batch = torch.arange(B, device=x.device)[:, None]  # [B, 1]
     keys[batch, :, rows] = k.transpose(1, 2)  # [B, w, Hkv, D]
     values[batch, :, rows] = v.transpose(1, 2)
-    out = decode_attention(q.transpose(1, 2), keys, values, start, scale=mod.scaling, gate=gate,
-                           starts=pad)  # [B, w, Hq, D]
+    return _attend(mod, q.transpose(1, 2), keys, values, start, pad, gate)
+
+
+def _attend(mod, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start, pad, gate) -> torch.Tensor:
+    """`decode_attention` of the rotated `q` `[B, w, Hq, D]` against the written buffers, then o_proj."""
+    B, w = q.shape[:2]
+    out = decode_attention(q, keys, values, start, scale=mod.scaling, gate=gate, starts=pad)  # [B, w, Hq, D]
     out = out.reshape(B, w, -1)
     projected = split_out_projection(mod.o_proj, out)
     return projected if projected is not None else parallel.row(mod.o_proj, out)

@@ -19,6 +19,8 @@ apply_rope = modeling.apply_rotary_pos_emb
 # the GDN mixer's norm and the forward transformers defines it with, taken at import (before any
 # kernelize can swap it): `plain_gated_norm`
 GATED_NORM = (modeling.Qwen3NextRMSNormGated, modeling.Qwen3NextRMSNormGated.forward)
+# the attention mixer's q/k norm, likewise taken at import: `plain_norm` (`attention_prologue`)
+QK_NORM = (modeling.Qwen3NextRMSNorm, modeling.Qwen3NextRMSNorm.forward)
 # the sparse MoE block's router: `F.linear(x, weight)`, then softmax, top-k, renormalised per config
 ROUTERS = (modeling.Qwen3NextTopKRouter,)
 
