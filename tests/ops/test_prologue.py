@@ -171,3 +171,38 @@ def test_bad_inputs_say_what_is_wrong():
         attention_prologue(q, k.half(), v, qw, kw, cos, sin, keys, values, lengths, eps=1e-6)
     with pytest.raises(ValueError, match="q_weight"):
         attention_prologue(q, k, v, qw[:8], kw, cos, sin, keys, values, lengths, eps=1e-6)
+
+
+def test_only_the_plain_modules_take_the_fused_prologue():
+    """`plain_norm` / `fused_prologue`: the family's norm class with its own forward and no hooks,
+    one eps for both norms, and the config on; anything else keeps the module calls."""
+    from types import SimpleNamespace
+
+    from hybridspec.ops import prologue
+    from hybridspec.patches import qwen3_5_moe
+    from hybridspec.patches.common import fused_prologue, plain_norm
+
+    cls, forward = qwen3_5_moe.QK_NORM
+    cos = torch.zeros(1, 1, 8)
+
+    def attn(**changes):
+        mod = SimpleNamespace(q_norm=cls(16), k_norm=cls(16), head_dim=16)
+        for name, value in changes.items():
+            setattr(mod, name, value)
+        return mod
+
+    assert plain_norm(cls(16), cls, forward) and fused_prologue(attn(), qwen3_5_moe.QK_NORM, cos)
+    hooked = cls(16)
+    hooked.register_forward_pre_hook(lambda *a: None)
+    patched = cls(16)
+    patched.forward = lambda x: x
+    for mod in (attn(q_norm=hooked), attn(k_norm=patched), attn(k_norm=cls(16, eps=1e-5))):
+        assert not fused_prologue(mod, qwen3_5_moe.QK_NORM, cos)
+    assert not fused_prologue(attn(), None, cos)
+    assert not fused_prologue(attn(head_dim=4), qwen3_5_moe.QK_NORM, cos)
+    assert not plain_norm(cls(16), cls, lambda self, x: x)
+    prologue.PROLOGUE_CONFIG["fused"] = 0
+    try:
+        assert not fused_prologue(attn(), qwen3_5_moe.QK_NORM, cos)
+    finally:
+        prologue.PROLOGUE_CONFIG["fused"] = 1

@@ -158,6 +158,26 @@ def test_autoregressive_runner_with_the_gated_verify_equals_target_only(pair, mo
     assert len(calls) >= layers and all(shape[1] == 1 for shape in calls)
 
 
+@pytest.mark.parametrize("fused", [1, 0])
+def test_autoregressive_runner_with_and_without_the_fused_prologue_equals_target_only(pair, monkeypatch, fused):
+    """`PROLOGUE_CONFIG["fused"]` on (the default): each attention layer's norms, rotary and KV
+    write run as `attention_prologue` (its naive twin here); off, as the modules; the tokens are the
+    target's either way."""
+    from hybridspec.ops import prologue
+    from hybridspec.patches import common
+
+    model, _ = pair
+    prompt, ref = reference(model, 4)
+    calls = []
+    op = common.attention_prologue
+    monkeypatch.setattr(common, "attention_prologue", lambda *a, **k: calls.append(a[0].shape) or op(*a, **k))
+    monkeypatch.setitem(prologue.PROLOGUE_CONFIG, "fused", fused)
+    out, _ = Runner(model, capacity=64).generate(prompt, MAX_NEW)
+    assert torch.equal(out, ref)
+    layers = model.config.get_text_config().layer_types.count("full_attention")
+    assert (len(calls) >= layers) if fused else not calls
+
+
 def test_calls_the_runner_cannot_serve_run_the_reference_loop(pair):
     model, drafter = pair
     prompt, ref = reference(model, 3, repetition_penalty=1.3)
