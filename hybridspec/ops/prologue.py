@@ -117,6 +117,8 @@ def attention_prologue(
     for name, wt in (("q_weight", q_weight), ("k_weight", k_weight)):
         check(wt.shape == (D,) and wt.is_floating_point() and wt.device == q.device and wt.is_contiguous(),
               f"{name} must be a contiguous float [{D}] tensor on {q.device}, got {wt.dtype} {tuple(wt.shape)} on {wt.device}")
+    # one weight dtype: the kernel picks a weight pointer per program, and both must be one type
+    check(k_weight.dtype == q_weight.dtype, f"q_weight ({q_weight.dtype}) and k_weight ({k_weight.dtype}) must share a dtype")
     check(cos.dim() == 3 and cos.shape[0] in (1, B) and cos.shape[1] == W and cos.shape == sin.shape,
           f"cos and sin must both be [B or 1, w, R] = [{B}, {W}, R], got {tuple(cos.shape)} and {tuple(sin.shape)}")
     R = cos.shape[-1]

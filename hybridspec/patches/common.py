@@ -86,9 +86,10 @@ def plain_norm(norm: nn.Module, cls: type, forward) -> bool:
 def fused_prologue(mod, qk_norm: tuple | None, cos: torch.Tensor) -> bool:
     """Whether the attention layer's q/k norms, rotary and KV write run as one `attention_prologue`
     launch: on (`PROLOGUE_CONFIG["fused"]`), both norms the family's own (`plain_norm`) with one
-    eps, and a rotary dim the op takes."""
+    eps and one weight dtype, and a rotary dim the op takes."""
     return bool(PROLOGUE_CONFIG["fused"] and qk_norm and plain_norm(mod.q_norm, *qk_norm)
                 and plain_norm(mod.k_norm, *qk_norm) and mod.q_norm.eps == mod.k_norm.eps
+                and mod.q_norm.weight.dtype == mod.k_norm.weight.dtype
                 and cos.shape[-1] % 2 == 0 and cos.shape[-1] <= mod.head_dim)
 
 

@@ -171,6 +171,8 @@ def test_bad_inputs_say_what_is_wrong():
         attention_prologue(q, k.half(), v, qw, kw, cos, sin, keys, values, lengths, eps=1e-6)
     with pytest.raises(ValueError, match="q_weight"):
         attention_prologue(q, k, v, qw[:8], kw, cos, sin, keys, values, lengths, eps=1e-6)
+    with pytest.raises(ValueError, match="share a dtype"):
+        attention_prologue(q, k, v, qw, kw.half(), cos, sin, keys, values, lengths, eps=1e-6)
 
 
 def test_only_the_plain_modules_take_the_fused_prologue():
@@ -196,7 +198,7 @@ def test_only_the_plain_modules_take_the_fused_prologue():
     hooked.register_forward_pre_hook(lambda *a: None)
     patched = cls(16)
     patched.forward = lambda x: x
-    for mod in (attn(q_norm=hooked), attn(k_norm=patched), attn(k_norm=cls(16, eps=1e-5))):
+    for mod in (attn(q_norm=hooked), attn(k_norm=patched), attn(k_norm=cls(16, eps=1e-5)), attn(k_norm=cls(16).half())):
         assert not fused_prologue(mod, qwen3_5_moe.QK_NORM, cos)
     assert not fused_prologue(attn(), None, cos)
     assert not fused_prologue(attn(head_dim=4), qwen3_5_moe.QK_NORM, cos)
