@@ -68,12 +68,16 @@ def test_captured_rounds_equal_eager_rounds_and_target_only(build, lengths):
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [qwen35_causal_lm, qwen3_next_causal_lm])
 @pytest.mark.parametrize("gated", [0, 1], ids=["norm-apart", "gated-verify"])
-def test_captured_autoregressive_runner_equals_target_only(build, gated, monkeypatch):
+@pytest.mark.parametrize("prologue", [0, 1], ids=["prologue-apart", "prologue-fused"])
+def test_captured_autoregressive_runner_equals_target_only(build, gated, prologue, monkeypatch):
     """The captured AR step against target-only decoding, with the GDN mixer's gated norm apart
-    and inside the one-row verify kernel (`VERIFY_CONFIG["gated_one_row"]`)."""
+    and inside the one-row verify kernel (`VERIFY_CONFIG["gated_one_row"]`), and the attention
+    mixer's norms, rotary and KV write apart and in `attention_prologue` (`PROLOGUE_CONFIG`)."""
     from hybridspec.ops import gdn as gdn_mod
+    from hybridspec.ops import prologue as prologue_mod
 
     monkeypatch.setitem(gdn_mod.VERIFY_CONFIG, "gated_one_row", gated)
+    monkeypatch.setitem(prologue_mod.PROLOGUE_CONFIG, "fused", prologue)
     model = build(seed=4).cuda()
     ref = model.generate(PROMPT.cuda(), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
     runner = Runner(model, capacity=256)
