@@ -175,7 +175,7 @@ def test_bad_inputs_say_what_is_wrong():
         attention_prologue(q, k, v, qw, kw.half(), cos, sin, keys, values, lengths, eps=1e-6)
 
 
-def test_only_the_plain_modules_take_the_fused_prologue():
+def test_only_the_plain_modules_take_the_fused_prologue(monkeypatch):
     """`plain_norm` / `fused_prologue`: the family's norm class with its own forward and no hooks,
     one eps for both norms, and the config on; anything else keeps the module calls."""
     from types import SimpleNamespace
@@ -186,6 +186,7 @@ def test_only_the_plain_modules_take_the_fused_prologue():
 
     cls, forward = qwen3_5_moe.QK_NORM
     cos = torch.zeros(1, 1, 8)
+    monkeypatch.setitem(prologue.PROLOGUE_CONFIG, "fused", 1)
 
     def attn(**changes):
         mod = SimpleNamespace(q_norm=cls(16), k_norm=cls(16), head_dim=16)
@@ -203,8 +204,5 @@ def test_only_the_plain_modules_take_the_fused_prologue():
     assert not fused_prologue(attn(), None, cos)
     assert not fused_prologue(attn(head_dim=4), qwen3_5_moe.QK_NORM, cos)
     assert not plain_norm(cls(16), cls, lambda self, x: x)
-    prologue.PROLOGUE_CONFIG["fused"] = 0
-    try:
-        assert not fused_prologue(attn(), qwen3_5_moe.QK_NORM, cos)
-    finally:
-        prologue.PROLOGUE_CONFIG["fused"] = 1
+    monkeypatch.setitem(prologue.PROLOGUE_CONFIG, "fused", 0)
+    assert not fused_prologue(attn(), qwen3_5_moe.QK_NORM, cos)
