@@ -18,11 +18,12 @@ from hybridspec.ops.checks import FLOAT_INPUTS, check, check_lengths, next_pow2
 from hybridspec.ops.dispatch import TRITON_INTERPRET, count_launch, pdl_launch, use_pdl, use_triton
 
 # `fused`: the attention layers run this op (`patches.common.fused_prologue`) instead of the norms,
-# rotary and `index_put` writes under inductor. Off by default: the kernel has passed its tests under
-# the interpreter only; no GPU started in the session that wrote it (2026-12-07, issue 16), so it has
-# neither run on CUDA nor been timed. `benchmarks/bench_runner.py --ar-attention "fused=1;fused=0"`
-# times both forms in one process; turn it on when that and the GPU tests say so.
-PROLOGUE_CONFIG = {"fused": 0}
+# rotary and `index_put` writes under inductor. On an H100 (2026-12-07, one process, alternating
+# variant rows) the AR step took 3.295 / 3.299 / 3.300 ms with it against 3.321 / 3.323 without, and
+# the captured AR runner stayed exact against the fp32 target, both families (docs/benchmarks.md,
+# "The attention prologue in one kernel"); not yet run on an H200. `benchmarks/bench_runner.py
+# --ar-attention "fused=0;fused=1"` times both forms in one process.
+PROLOGUE_CONFIG = {"fused": 1}
 
 
 @torch.library.custom_op("hybridspec::attention_prologue", mutates_args=("keys", "values"), device_types=None)

@@ -160,7 +160,7 @@ def test_autoregressive_runner_with_the_gated_verify_equals_target_only(pair, mo
 
 @pytest.mark.parametrize("fused", [1, 0])
 def test_autoregressive_runner_with_and_without_the_fused_prologue_equals_target_only(pair, monkeypatch, fused):
-    """`PROLOGUE_CONFIG["fused"]` on (off by default until timed): each attention layer's norms, rotary and KV
+    """`PROLOGUE_CONFIG["fused"]` on (the default): each attention layer's norms, rotary and KV
     write run as `attention_prologue` (its naive twin here); off, as the modules; the tokens are the
     target's either way."""
     from hybridspec.ops import prologue
