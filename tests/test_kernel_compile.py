@@ -44,7 +44,7 @@ def test_moe_kernels_compile_for_sm90(dtype, shared, pdl, rows):
 # every other kernel in the runner's form, programmatic dependent launch on (hybridspec/ops/pdl_triton.py)
 def test_the_other_kernels_compile_for_sm90_with_pdl():
     from hybridspec.ops import (attention_triton, gdn_commit_triton, gdn_verify_gated_triton, gdn_verify_triton, linear_triton,
-                                lm_head_triton, route_triton)
+                                lm_head_triton, prologue_triton, route_triton)
 
     pdl = dict(USE_PDL=True)
     gdn = dict(HK=16, HV=32, K=128, V=128, BT=16, PRECISION="ieee", **pdl)
@@ -80,6 +80,10 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
         compile_sm90(attention_triton.decode_attention_combine_kernel, "bf16",
                      dict(W=16, G=8, HKV=2, D=256, DP=256, BN=64, SPLITS=8, CS=8, HAS_GATE=True, ROUND_BF16=False, **pdl),
                      fp32_pointers=("o_ptr", "lse_ptr"), types=lengths),
+        # the attention layer's norms, rotary and KV write at the 35B-A3B shape (hybridspec/ops/prologue.py)
+        *(compile_sm90(prologue_triton.attention_prologue_kernel, dtype,
+                       dict(W=1, HQ=16, D=256, DP=256, R=64, INTERPRET_BF16=False, **pdl),
+                       types={"len_ptr": "*i64", "eps": "fp32", "offset": "fp32"}, num_warps=2) for dtype in ("bf16", "fp32")),
         compile_sm90(lm_head_triton.lm_head_partial_kernel, "bf16",
                      dict(H=2048, BM=16, BV=128, BK=128, HAS_SCALE=False, ROUND=1, UPCAST=False, PRECISION="tf32", **pdl),
                      fp32_pointers=("max_ptr", "sum_ptr", "dot_ptr"), types={"idx_ptr": "*i32", "scale": "fp32"}),
