@@ -609,6 +609,8 @@ def _assignments(text: str) -> list[tuple[str, str]]:
     return [tuple(item.partition("=")[::2]) for item in text.split(",") if item]
 
 
+# the kinds of kernel config a variant may change (`_config_module`)
+CONFIG_KINDS = ("linear", "moe", "gdn", "attention")
 # kinds whose config is a module-level dict rather than a `KERNEL_CONFIG` dataclass: its name
 _DICT_CONFIGS = {"gdn": "VERIFY_CONFIG", "attention": "PROLOGUE_CONFIG"}
 
@@ -619,7 +621,7 @@ def _config_module(kind: str):
     hybridspec/ops/prologue.py; both through `_DICT_CONFIGS`)."""
     from hybridspec.ops import gdn, linear, moe, prologue
 
-    return {"linear": linear, "moe": moe, "gdn": gdn, "attention": prologue}[kind]
+    return dict(zip(CONFIG_KINDS, (linear, moe, gdn, prologue)))[kind]
 
 
 def _kernel_config(kind: str) -> dict:
@@ -681,7 +683,7 @@ def split_variants(text: str, option: str = "--split-variants") -> list[tuple[st
         if not part:
             continue
         kind, sep, fields = part.partition(":")
-        if not sep or kind not in ("linear", "moe", "gdn", "attention"):
+        if not sep or kind not in CONFIG_KINDS:
             raise SystemExit(f"{option}: {part!r} must be kind:name=value,... with kind linear, moe, gdn or attention")
         out.append((kind, _config_fields(fields, kind, option)))
     return out

@@ -45,13 +45,19 @@ def conv_verify(mod, mixed: torch.Tensor, slot: GDNSlot) -> torch.Tensor:
     return ACT2FN[mod.activation](out.to(mod.conv1d.weight.dtype)).to(mixed.dtype)
 
 
-def plain_gated_norm(norm: nn.Module, cls: type, forward) -> bool:
+def plain_norm(norm: nn.Module, cls: type, forward) -> bool:
     """`norm` is transformers' `cls` itself with the `forward` it was defined with (kernelize, the
     hub's kernel layers, swaps it for fla's, which rounds otherwise), no instance-level forward and
-    no forward hooks, and a silu gate: what it computes is `naive.gated_rms_norm`, so the verify
-    kernel may apply it instead (`gdn_verify_gated`)."""
+    no forward hooks: it computes what the class's source says, so one of our kernels may apply it
+    instead (for the q/k norms, `naive_prologue.rms_norm(offset=1)`: `attention_prologue`)."""
     return (type(norm) is cls and cls.forward is forward and "forward" not in vars(norm)
-            and not norm._forward_hooks and not norm._forward_pre_hooks and norm.activation == "silu")
+            and not norm._forward_hooks and not norm._forward_pre_hooks)
+
+
+def plain_gated_norm(norm: nn.Module, cls: type, forward) -> bool:
+    """`plain_norm` with a silu gate: what it computes is `naive.gated_rms_norm`, so the verify
+    kernel may apply it instead (`gdn_verify_gated`)."""
+    return plain_norm(norm, cls, forward) and norm.activation == "silu"
 
 
 def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | None,
@@ -73,14 +79,6 @@ def gdn_core(mod, mixed, g, beta, z, slot: GDNSlot, num_tokens: torch.Tensor | N
         o = mod.norm(o.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(B, w, -1)
     out = split_out_projection(mod.out_proj, o)
     return out if out is not None else parallel.column(mod.out_proj, o, gather=True)
-
-
-def plain_norm(norm: nn.Module, cls: type, forward) -> bool:
-    """`norm` is transformers' `cls` itself with the `forward` it was defined with, no instance-level
-    forward and no hooks: what it computes is `naive_prologue.rms_norm(offset=1)`, so
-    `attention_prologue` may apply it instead."""
-    return (type(norm) is cls and cls.forward is forward and "forward" not in vars(norm)
-            and not norm._forward_hooks and not norm._forward_pre_hooks)
 
 
 def fused_prologue(mod, qk_norm: tuple | None, cos: torch.Tensor) -> bool:
@@ -108,7 +106,7 @@ def attention_verify(mod, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: 
     qg, k, v = project(mod, "qkv", linears, x, gemm=split_in_gemm) or [parallel.column(lin, x, gather=False) for lin in linears]
     q, gate = torch.chunk(qg.reshape(B, w, -1, mod.head_dim * 2), 2, dim=-1)
     if fused_prologue(mod, qk_norm, cos_sin[0]):
-        # one launch for the norms, the rotary and the KV write (docs/design.md, "Layer boundaries")
+        # one launch for the norms, the rotary and the KV write (docs/design.md, "Ops")
         q = attention_prologue(q, k.reshape(hidden_shape), v.reshape(hidden_shape), mod.q_norm.weight,
                                mod.k_norm.weight, *cos_sin, keys, values, start, eps=mod.q_norm.eps)
         return _attend(mod, q, keys, values, start, pad, gate)

@@ -164,7 +164,7 @@ def attention_block(family, layer, h: torch.Tensor, x: torch.Tensor, next_norm, 
                     pad, num_tokens, routing=None) -> tuple[torch.Tensor, torch.Tensor]:
     """One attention decoder layer of a verified block (`gdn_block` says what `x` and `next_norm` are)."""
     h = h + attention_verify(layer.self_attn, x, cos_sin, keys, values, length, pad, family.apply_rope,
-                                 qk_norm=family.QK_NORM)
+                             qk_norm=family.QK_NORM)
     h = h + moe_verify(family, layer.mlp, layer.post_attention_layernorm(h), routing, num_tokens)
     return h, next_norm(h)
 
