@@ -25,14 +25,11 @@ PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=("${ALL[@]}")
 
 run() {  # run PART FLA(hide|show) pytest-arguments...
-    local part=$1 fla=$2
+    local part=$1 hide=0
+    [ "$2" = hide ] && hide=1
     shift 2
-    echo "== $part (fla $fla): pytest -m gpu $*"
-    if [ "$fla" = hide ]; then
-        HYBRIDSPEC_HIDE_FLA=1 python3 -m pytest -q -m gpu -rA -p no:cacheprovider ${PYTEST_ARGS:-} "$@"
-    else
-        python3 -m pytest -q -m gpu -rA -p no:cacheprovider ${PYTEST_ARGS:-} "$@"
-    fi
+    echo "== $part (HYBRIDSPEC_HIDE_FLA=$hide): pytest -m gpu $*"
+    HYBRIDSPEC_HIDE_FLA=$hide python3 -m pytest -q -m gpu -rA -p no:cacheprovider ${PYTEST_ARGS:-} "$@"
 }
 
 failed=()
@@ -56,7 +53,6 @@ for part in "${PARTS[@]}"; do
         *) echo "unknown part '$part'; parts: ${ALL[*]}" >&2; exit 2 ;;
     esac
     rc=$?
-    # rc 5: a -k matched no test (without CUDA every test skips, and that is rc 0)
     [ $rc -ne 0 ] && failed+=("$part (rc $rc)")
 done
 
