@@ -13,6 +13,9 @@ it overlapped). The "head" is the LM head's top-1 (the final norm rides in the l
 residual kernel). Since a step is cut after the head, its first piece holds what the graph runs
 after the head for the token before (the state commit, the runner's bookkeeping), the boundary
 between two replays, then the embedding, RoPE and first norm, and layer 0: the "irregular" part.
+Last, every Triton kernel inductor generated for the layer graphs is listed with the launch config
+its autotuning chose (`inductor_kernels`: the JSON's "inductor_kernels"; their sources under
+OUT/inductor_kernels/), since kernels of one name in two graphs can run differently.
 
     python benchmarks/ar_timeline.py [--prompt 512] [--tokens 24] [--out bench_out/ar_timeline]
     python benchmarks/ar_timeline.py --variants 'linear:out_split_k=1;moe:down_block_h=32'   # which kernels a config moves
@@ -172,6 +175,44 @@ def timeline(model, prompt, args) -> dict:
     return table(steps, args.layer_end)
 
 
+# inductor names a generated kernel by its form, then the ops it fuses
+FORMS = {"per": "persistent reduction", "red": "looped reduction", "poi": "pointwise"}
+
+
+def inductor_kernels(modules) -> list[dict]:
+    """The Triton kernels of inductor's compiled graphs among `modules` (`PyCodeCache.modules`: each
+    graph's wrapper module, which launches them, and each kernel's own module), with the launch
+    config their autotuning settled on (coordinate descent included): one row per kernel and graph.
+    A graph's kind is the layer kind whose op its wrapper calls (`KINDS`), so that two kernels of one
+    name in two graphs, such as a layer's last kernel in the GDN and in the attention layers, can be
+    told apart."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    rows = []
+    for module in modules:
+        source = Path(module.__file__).read_text()
+        if "def call(" not in source:  # a kernel's own module: its graph's wrapper lists the kernel
+            continue
+        graph = next((kind for kind, anchor in KINDS if anchor in source), "other")
+        for name, value in sorted(vars(module).items()):
+            if not isinstance(value, CachingAutotuner):
+                continue
+            configs = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                       for c in (launcher.config for launcher in value.launchers)]
+            rows.append(dict(graph=graph, wrapper=Path(module.__file__).name, kernel=name,
+                             form=FORMS.get(name.split("_")[1], "other"), configs=configs, source=value.fn.src))
+    return rows
+
+
+def report_kernels(rows: list[dict]) -> None:
+    from benchmarks.common import print_table
+
+    print("inductor's kernels in the layer graphs, with the configs autotuning chose (one config: settled)")
+    print_table(["graph", "wrapper", "kernel", "form", "configs"],
+                [[r["graph"], r["wrapper"][:12], r["kernel"][:80], r["form"], r["configs"]] for r in rows
+                 if r["graph"] != "other"])
+
+
 def report(label: str, result: dict) -> None:
     from benchmarks.common import print_table
 
@@ -217,6 +258,16 @@ def main() -> None:
             row = dict(kind=kind, variant=changes, **timeline(model, prompt, args))
         result["variants"].append(row)
         report(f"{kind}: " + ",".join(f"{k}={v}" for k, v in changes.items()), row)
+    from torch._inductor.codecache import PyCodeCache
+
+    kernels = inductor_kernels(PyCodeCache.modules)
+    report_kernels(kernels)
+    # sources apart, to keep the JSON readable: one file per graph and kernel
+    sources = Path(args.out) / "inductor_kernels"
+    sources.mkdir(parents=True, exist_ok=True)
+    for row in kernels:
+        (sources / f"{row['graph']}-{Path(row['wrapper']).stem[:12]}-{row['kernel'][:150]}.py").write_text(row.pop("source"))
+    result["inductor_kernels"] = kernels
     write_json(Path(args.out) / "ar_timeline.json", result)
 
 

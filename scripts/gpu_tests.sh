@@ -14,8 +14,9 @@
 #   generation-fla    `generation` again with fla-core importable; stops if it is not
 #
 # Every part but generation-fla hides fla-core (HYBRIDSPEC_HIDE_FLA=1, tests/conftest.py), so the
-# two generation parts cover transformers' prefill with and without fla's kernels. -rA names each
-# passed test, so a part stopped by a time limit still says which tests passed. Extra pytest
+# two generation parts cover transformers' prefill with and without fla's kernels. -rfEsxXp names each
+# passed test, so a part stopped by a time limit still says which tests passed; not -rA, whose
+# PASSES sections repeat every passed test's captured logs (1.1 MB for the batched file). Extra pytest
 # arguments go in PYTEST_ARGS (e.g. PYTEST_ARGS="-n 4" where pytest-xdist is installed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ run() {  # run PART FLA(hide|show) pytest-arguments...
     [ "$2" = hide ] && hide=1
     shift 2
     echo "== $part (HYBRIDSPEC_HIDE_FLA=$hide): pytest -m gpu $*"
-    HYBRIDSPEC_HIDE_FLA=$hide python3 -m pytest -q -m gpu -rA -p no:cacheprovider ${PYTEST_ARGS:-} "$@"
+    HYBRIDSPEC_HIDE_FLA=$hide python3 -m pytest -q -m gpu -rfEsxXp -p no:cacheprovider ${PYTEST_ARGS:-} "$@"
 }
 
 failed=()

@@ -72,3 +72,45 @@ def test_variants_are_checked_before_anything_is_built():
         split_variants("attention:block_n=32", "--variants")
     with pytest.raises(SystemExit, match="--variants: LinearKernelConfig has no field 'nope'"):
         split_variants("linear:nope=1", "--variants")
+
+
+def test_inductor_kernels_tells_graphs_apart(tmp_path):
+    """One kernel name in a GDN and in an attention graph gives two rows, each with its own chosen
+    config, its graph's kind and its form; kernels' own modules and non-kernel globals give none."""
+    pytest.importorskip("torch")
+    triton = pytest.importorskip("triton")
+    from types import ModuleType, SimpleNamespace
+
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    from benchmarks.ar_timeline import inductor_kernels
+
+    name = "triton_red_fused_add_mean_rsqrt_7"
+
+    def kernel(block: int, warps: int):
+        k = CachingAutotuner.__new__(CachingAutotuner)  # a compiled kernel's fields, without compiling
+        k.fn = SimpleNamespace(src=f"def {name}(...): # R0_BLOCK {block}")
+        k.launchers = [SimpleNamespace(config=triton.Config({"XBLOCK": 1, "R0_BLOCK": block}, num_warps=warps,
+                                                            num_stages=1))]
+        return k
+
+    def module(file: str, source: str, **attrs):
+        path = tmp_path / file
+        path.write_text(source)
+        mod = ModuleType(file)
+        mod.__file__ = str(path)
+        for key, value in attrs.items():
+            setattr(mod, key, value)
+        return mod
+
+    gdn = module("cgdn.py", "def call(args):\n    torch.ops.hybridspec.gdn_verify_packed.default(x)\n",
+                 **{name: kernel(2048, 16), "other": 3})
+    attention = module("cattn.py", "def call(args):\n    torch.ops.hybridspec.decode_attention.default(x)\n",
+                       **{name: kernel(512, 4)})
+    own = module("ckernel.py", "@triton.jit\ndef k(): pass\n", **{name: kernel(64, 2)})
+    rows = inductor_kernels([gdn, attention, own])
+    assert [(r["graph"], r["wrapper"], r["kernel"], r["form"]) for r in rows] == [
+        ("gdn", "cgdn.py", name, "looped reduction"), ("attention", "cattn.py", name, "looped reduction")]
+    assert [r["configs"] for r in rows] == [[dict(XBLOCK=1, R0_BLOCK=2048, num_warps=16, num_stages=1)],
+                                            [dict(XBLOCK=1, R0_BLOCK=512, num_warps=4, num_stages=1)]]
+    assert rows[1]["source"].endswith("R0_BLOCK 512")
