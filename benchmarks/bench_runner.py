@@ -61,7 +61,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import capture, copy_bandwidth_gbs, env_info, kernel_events, print_table, time_ms, write_json  # noqa: E402
+from benchmarks.common import capture, copy_bandwidth_gbs, env_info, gpu_state, kernel_events, print_table, time_ms, write_json  # noqa: E402
 from hybridspec.bench import transformers_static  # noqa: E402
 from hybridspec.round import stages  # noqa: E402
 from hybridspec.round.accept import greedy_accept_tokens  # noqa: E402
@@ -129,6 +129,7 @@ def our_ar(model, prompt, new, compile=None):
         tokens, stats = runner.decode(prompt.shape[1], int(first), stop)
         runs.append((stats.decode_seconds * 1e3 / (len(tokens) - 1), stats))
     ms, stats = min(runs, key=lambda r: r[0])
+    state = gpu_state()
     host_us = statistics.median(stats.host_seconds) * 1e6
     print(f"  AR host us per token: median {host_us:.1f}, of which the replay call {statistics.median(stats.replay_seconds) * 1e6:.1f}")
     parts = host_parts(runner, prompt)
@@ -140,6 +141,9 @@ def our_ar(model, prompt, new, compile=None):
               f"{parts['replays_only_ms_per_token']:.3f} ms/token")
     out = torch.cat([prompt, torch.tensor([tokens], device=prompt.device)], -1)
     del runner
+    # the GPU's clocks, heat and power right after the timed runs, kept apart from the host parts by the callers
+    parts["gpu_state"] = state
+    print(f"  GPU after the timed runs: {state}")
     return ms, host_us, out, parts
 
 
@@ -700,7 +704,7 @@ def ar_variants(model, prompt, new, variants: list[tuple[str, dict]], reference:
         with config_variant(kind, changes):
             ms, _, out, parts = our_ar(model, prompt, new)
         rows.append(dict(kind=kind, variant=changes, ms_per_token=ms, same_tokens=bool(torch.equal(out, reference)),
-                         replays_only_ms_per_token=parts["replays_only_ms_per_token"]))
+                         replays_only_ms_per_token=parts["replays_only_ms_per_token"], gpu_state=parts["gpu_state"]))
     return rows
 
 
@@ -834,7 +838,8 @@ def main() -> None:
     eager_ms, _, eager_out, _ = our_ar(model, prompt, args.new, compile=False)
     _, ar_bound_ms = bytes_bound(model, 8 * model.config.num_hidden_layers, 1, bandwidth)
     replays_ms = host_parts_us.pop("replays_only_ms_per_token")
-    result["ar"] = dict(ours_ms_per_token=ar_ms, replays_only_ms_per_token=replays_ms,
+    ar_gpu_state = host_parts_us.pop("gpu_state")
+    result["ar"] = dict(ours_ms_per_token=ar_ms, replays_only_ms_per_token=replays_ms, gpu_state=ar_gpu_state,
                         host_us_per_token=ar_host_us, host_parts_us=host_parts_us,
                         bytes_bound_ms=ar_bound_ms,
                         ours_uncompiled_layers_ms_per_token=eager_ms, setup_and_runs_s=ar_setup,
@@ -846,9 +851,10 @@ def main() -> None:
     continuation = ar_out[0, args.prompt:]
     if variants:
         result["ar_variants"] = ar_variants(model, prompt, args.new, variants, ar_out)
-        print_table(["config variant", "AR ms/token", "same tokens as the AR row"],
+        print_table(["config variant", "AR ms/token", "same tokens as the AR row", "SM MHz after"],
                     [[r["kind"] + ": " + (",".join(f"{k}={v}" for k, v in r["variant"].items()) or "(as run)"),
-                      r["ms_per_token"], r["same_tokens"]] for r in result["ar_variants"]])
+                      r["ms_per_token"], r["same_tokens"], r["gpu_state"].get("sm_clock_mhz")]
+                     for r in result["ar_variants"]])
     if args.only_ar:
         write_json(Path(args.out) / "runner.json", result)
         return

@@ -56,6 +56,48 @@ def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
+# sampled after each timed AR row: a clock that drops through a process (power or heat) would explain
+# rows that run slower the later they come, the order effect docs/ar-step-levers.md notes
+GPU_STATE_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "clocks_event_reasons.active")
+GPU_STATE_KEYS = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w", "clock_event_reasons")
+
+
+def parse_gpu_state(line: str, fields: tuple[str, ...] = GPU_STATE_FIELDS) -> dict:
+    """One row of `nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits` -> numbers by
+    `GPU_STATE_KEYS` (the event reasons kept as nvidia-smi's bit mask string; "[N/A]" as None)."""
+    values = [v.strip() for v in line.split(",")]
+    if len(values) != len(fields):
+        raise ValueError(f"expected {len(fields)} values for {fields}, got {line!r}")
+    out = {}
+    for key, value in zip(GPU_STATE_KEYS, values):
+        if value.startswith("[") or value in ("N/A", ""):
+            out[key] = None
+        elif key == "clock_event_reasons":
+            out[key] = value
+        else:
+            out[key] = float(value)
+    return out
+
+
+def gpu_state(device: int | None = None) -> dict:
+    """Clocks, temperature, power and clock-event reasons of this process's GPU now, from nvidia-smi
+    (the row of `device`, default the current CUDA device: right where one GPU is visible, as on
+    the benchmark machines); {"error": ...} where nvidia-smi is missing or refuses the query."""
+    import subprocess
+
+    index = torch.cuda.current_device() if device is None else device
+    for fields in (GPU_STATE_FIELDS, GPU_STATE_FIELDS[:-1]):  # older drivers lack the event reasons
+        try:
+            done = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return {"error": str(err)}
+        rows = done.stdout.strip().splitlines()
+        if done.returncode == 0 and len(rows) > index:
+            return parse_gpu_state(rows[index], fields)
+    return {"error": (done.stderr or done.stdout).strip()[:200]}
+
+
 def env_info() -> dict:
     import transformers
     import triton

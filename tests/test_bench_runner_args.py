@@ -224,3 +224,17 @@ def test_split_at_parses_lengths_and_rejects_bad_ones():
     for bad in ("", "1,x", "0,4", "4,17"):
         with pytest.raises(argparse.ArgumentTypeError):
             widths_arg(bad)
+
+
+def test_gpu_state_rows_parse_to_numbers():
+    """nvidia-smi's csv row (no header, no units) -> numbers by name; "[N/A]" -> None; the event
+    reasons stay nvidia-smi's mask; a row of the wrong width raises instead of shifting the fields."""
+    from benchmarks.common import GPU_STATE_FIELDS, parse_gpu_state
+
+    assert parse_gpu_state("1980, 2619, 41, 512.37, 0x0000000000000004") == dict(
+        sm_clock_mhz=1980.0, mem_clock_mhz=2619.0, temperature_c=41.0, power_w=512.37,
+        clock_event_reasons="0x0000000000000004")
+    assert parse_gpu_state("1755, 2619, 63, [N/A]", GPU_STATE_FIELDS[:-1]) == dict(
+        sm_clock_mhz=1755.0, mem_clock_mhz=2619.0, temperature_c=63.0, power_w=None)
+    with pytest.raises(ValueError, match="expected 5 values"):
+        parse_gpu_state("1980, 2619, 41")
