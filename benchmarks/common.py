@@ -123,7 +123,9 @@ def env_info() -> dict:
 def write_json(path: str | os.PathLike, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2))
+    # a value json cannot encode (a dtype, a compiler's config object) is written as its str rather
+    # than losing the whole run's output at the last step
+    path.write_text(json.dumps(payload, indent=2, default=str))
     print(f"wrote {path}")
 
 
