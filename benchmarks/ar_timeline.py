@@ -185,13 +185,18 @@ def inductor_kernels(modules) -> list[dict]:
     config their autotuning settled on (coordinate descent included): one row per kernel and graph.
     A graph's kind is the layer kind whose op its wrapper calls (`KINDS`), so that two kernels of one
     name in two graphs, such as a layer's last kernel in the GDN and in the attention layers, can be
-    told apart."""
+    told apart. Every graph the process compiled is listed (with `--variants`, each variant's graphs
+    too, under their own wrapper files); under `triton.multi_kernel` both forms of a reduction are
+    listed, not which one was picked. `source` is the kernel function, without inductor's heuristics
+    decorator (its size and reduction hints)."""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     rows = []
     for module in modules:
         source = Path(module.__file__).read_text()
-        if "def call(" not in source:  # a kernel's own module: its graph's wrapper lists the kernel
+        # a graph's wrapper starts the compile workers; a kernel's own module (listed by its wrapper)
+        # does not, though it may have a benchmark harness with a `call` of its own
+        if "AsyncCompile()" not in source or "def call(" not in source:
             continue
         graph = next((kind for kind, anchor in KINDS if anchor in source), "other")
         for name, value in sorted(vars(module).items()):
@@ -200,7 +205,7 @@ def inductor_kernels(modules) -> list[dict]:
             configs = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
                        for c in (launcher.config for launcher in value.launchers)]
             rows.append(dict(graph=graph, wrapper=Path(module.__file__).name, kernel=name,
-                             form=FORMS.get(name.split("_")[1], "other"), configs=configs, source=value.fn.src))
+                             form=FORMS.get((name.split("_") + [""])[1], "other"), configs=configs, source=value.fn.src))
     return rows
 
 
@@ -258,16 +263,22 @@ def main() -> None:
             row = dict(kind=kind, variant=changes, **timeline(model, prompt, args))
         result["variants"].append(row)
         report(f"{kind}: " + ",".join(f"{k}={v}" for k, v in changes.items()), row)
+    write_json(Path(args.out) / "ar_timeline.json", result)
     from torch._inductor.codecache import PyCodeCache
 
-    kernels = inductor_kernels(PyCodeCache.modules)
-    report_kernels(kernels)
-    # sources apart, to keep the JSON readable: one file per graph and kernel
-    sources = Path(args.out) / "inductor_kernels"
-    sources.mkdir(parents=True, exist_ok=True)
-    for row in kernels:
-        (sources / f"{row['graph']}-{Path(row['wrapper']).stem[:12]}-{row['kernel'][:150]}.py").write_text(row.pop("source"))
-    result["inductor_kernels"] = kernels
+    # after the timeline is on disk: a torch whose internals differ loses only this listing
+    try:
+        kernels = inductor_kernels(PyCodeCache.modules)
+    except (AttributeError, ImportError, OSError) as err:
+        result["inductor_kernels"] = {"error": repr(err)}
+    else:
+        report_kernels(kernels)
+        # sources apart, to keep the JSON readable: one file per graph and kernel
+        sources = Path(args.out) / "inductor_kernels"
+        sources.mkdir(parents=True, exist_ok=True)
+        for row in kernels:
+            (sources / f"{row['graph']}-{Path(row['wrapper']).stem[:12]}-{row['kernel'][:150]}.py").write_text(row.pop("source"))
+        result["inductor_kernels"] = kernels
     write_json(Path(args.out) / "ar_timeline.json", result)
 
 

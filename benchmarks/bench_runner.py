@@ -61,7 +61,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import capture, copy_bandwidth_gbs, env_info, gpu_state, kernel_events, print_table, time_ms, write_json  # noqa: E402
+from benchmarks.common import capture, copy_bandwidth_gbs, env_info, GpuSampler, kernel_events, print_table, time_ms, write_json  # noqa: E402
 from hybridspec.bench import transformers_static  # noqa: E402
 from hybridspec.round import stages  # noqa: E402
 from hybridspec.round.accept import greedy_accept_tokens  # noqa: E402
@@ -122,14 +122,14 @@ def our_ar(model, prompt, new, compile=None):
                     fused_head=FUSED_HEAD)
     runner.generate(prompt, 8)
     runs = []
-    for _ in range(3):
-        first, _ = runner.start(prompt)
-        torch.cuda.synchronize()
-        stop = HostStopping(prompt.shape[1] + new, set(), [])
-        tokens, stats = runner.decode(prompt.shape[1], int(first), stop)
-        runs.append((stats.decode_seconds * 1e3 / (len(tokens) - 1), stats))
+    with GpuSampler() as gpu:
+        for _ in range(3):
+            first, _ = runner.start(prompt)
+            torch.cuda.synchronize()
+            stop = HostStopping(prompt.shape[1] + new, set(), [])
+            tokens, stats = runner.decode(prompt.shape[1], int(first), stop)
+            runs.append((stats.decode_seconds * 1e3 / (len(tokens) - 1), stats))
     ms, stats = min(runs, key=lambda r: r[0])
-    state = gpu_state()
     host_us = statistics.median(stats.host_seconds) * 1e6
     print(f"  AR host us per token: median {host_us:.1f}, of which the replay call {statistics.median(stats.replay_seconds) * 1e6:.1f}")
     parts = host_parts(runner, prompt)
@@ -141,9 +141,9 @@ def our_ar(model, prompt, new, compile=None):
               f"{parts['replays_only_ms_per_token']:.3f} ms/token")
     out = torch.cat([prompt, torch.tensor([tokens], device=prompt.device)], -1)
     del runner
-    # the GPU's clocks, heat and power right after the timed runs, kept apart from the host parts by the callers
-    parts["gpu_state"] = state
-    print(f"  GPU after the timed runs: {state}")
+    # the GPU's clocks, heat and power while the timed runs ran, kept apart from the host parts by the callers
+    parts["gpu_state"] = gpu.summary
+    print(f"  GPU during the timed runs: {gpu.summary}")
     return ms, host_us, out, parts
 
 
@@ -851,9 +851,9 @@ def main() -> None:
     continuation = ar_out[0, args.prompt:]
     if variants:
         result["ar_variants"] = ar_variants(model, prompt, args.new, variants, ar_out)
-        print_table(["config variant", "AR ms/token", "same tokens as the AR row", "SM MHz after"],
+        print_table(["config variant", "AR ms/token", "same tokens as the AR row", "lowest SM MHz"],
                     [[r["kind"] + ": " + (",".join(f"{k}={v}" for k, v in r["variant"].items()) or "(as run)"),
-                      r["ms_per_token"], r["same_tokens"], r["gpu_state"].get("sm_clock_mhz")]
+                      r["ms_per_token"], r["same_tokens"], r["gpu_state"].get("sm_clock_mhz_min")]
                      for r in result["ar_variants"]])
     if args.only_ar:
         write_json(Path(args.out) / "runner.json", result)

@@ -56,8 +56,8 @@ def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
-# sampled after each timed AR row: a clock that drops through a process (power or heat) would explain
-# rows that run slower the later they come, the order effect docs/ar-step-levers.md notes
+# sampled while each timed AR row runs: a clock that drops through a process (power or heat) would
+# explain rows that run slower the later they come, the order effect docs/ar-step-levers.md notes
 GPU_STATE_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "clocks_event_reasons.active")
 GPU_STATE_KEYS = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w", "clock_event_reasons")
 
@@ -79,23 +79,70 @@ def parse_gpu_state(line: str, fields: tuple[str, ...] = GPU_STATE_FIELDS) -> di
     return out
 
 
-def gpu_state(device: int | None = None) -> dict:
-    """Clocks, temperature, power and clock-event reasons of this process's GPU now, from nvidia-smi
-    (the row of `device`, default the current CUDA device: right where one GPU is visible, as on
-    the benchmark machines); {"error": ...} where nvidia-smi is missing or refuses the query."""
-    import subprocess
+def summarize_gpu_states(rows: list[dict]) -> dict:
+    """Samples (`parse_gpu_state` rows) -> what a timed row needs to know: the lowest and the median
+    SM clock, the lowest memory clock, the highest temperature and power, and every distinct set of
+    clock-event reasons seen (nvidia-smi's masks; 0x0 is none)."""
+    def values(key):
+        return [r[key] for r in rows if r.get(key) is not None]
 
-    index = torch.cuda.current_device() if device is None else device
-    for fields in (GPU_STATE_FIELDS, GPU_STATE_FIELDS[:-1]):  # older drivers lack the event reasons
-        try:
-            done = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            return {"error": str(err)}
-        rows = done.stdout.strip().splitlines()
-        if done.returncode == 0 and len(rows) > index:
-            return parse_gpu_state(rows[index], fields)
-    return {"error": (done.stderr or done.stdout).strip()[:200]}
+    sm, mem, temp, power = values("sm_clock_mhz"), values("mem_clock_mhz"), values("temperature_c"), values("power_w")
+    return dict(samples=len(rows), sm_clock_mhz_min=min(sm, default=None),
+                sm_clock_mhz_median=statistics.median(sm) if sm else None, mem_clock_mhz_min=min(mem, default=None),
+                temperature_c_max=max(temp, default=None), power_w_max=max(power, default=None),
+                clock_event_reasons=sorted(set(values("clock_event_reasons"))))
+
+
+def _nvidia_smi_id() -> str:
+    """nvidia-smi's name for this process's CUDA device: its UUID, since CUDA's device order and
+    CUDA_VISIBLE_DEVICES need not match nvidia-smi's indices."""
+    return f"GPU-{torch.cuda.get_device_properties(torch.cuda.current_device()).uuid}"
+
+
+class GpuSampler:
+    """`with GpuSampler() as gpu: ...` samples this process's GPU with nvidia-smi every `interval_ms`
+    while the block runs (a process of its own, so the timed host loop is not interrupted);
+    `gpu.summary` is then `summarize_gpu_states` of the samples, or {"error": ...} where nvidia-smi
+    is missing or refuses the query. Drivers without the clock-event reasons field are queried
+    without it."""
+
+    def __init__(self, interval_ms: int = 200):
+        self.interval_ms, self.proc, self.fields, self.summary = interval_ms, None, GPU_STATE_FIELDS, {}
+
+    def _command(self, fields, loop: bool) -> list[str]:
+        cmd = ["nvidia-smi", "-i", _nvidia_smi_id(), f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+        return cmd + (["-lms", str(self.interval_ms)] if loop else [])
+
+    def __enter__(self):
+        import subprocess
+
+        self.summary = {"error": "nvidia-smi gave no sample"}
+        for fields in (GPU_STATE_FIELDS, GPU_STATE_FIELDS[:-1]):
+            try:
+                probe = subprocess.run(self._command(fields, False), capture_output=True, text=True, timeout=20)
+            except (OSError, subprocess.TimeoutExpired) as err:
+                self.summary = {"error": str(err)}
+                return self
+            if probe.returncode == 0:
+                self.fields = fields
+                self.proc = subprocess.Popen(self._command(fields, True), stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True)
+                return self
+            self.summary = {"error": (probe.stderr or probe.stdout).strip()[:200]}
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            out, _ = self.proc.communicate(timeout=20)
+            rows = []
+            for line in out.splitlines():
+                try:
+                    rows.append(parse_gpu_state(line, self.fields))
+                except ValueError:  # the line being written when the sampler was stopped
+                    continue
+            self.summary = summarize_gpu_states(rows) if rows else {"error": "nvidia-smi gave no sample"}
+        return False
 
 
 def env_info() -> dict:

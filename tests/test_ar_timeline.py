@@ -103,14 +103,34 @@ def test_inductor_kernels_tells_graphs_apart(tmp_path):
             setattr(mod, key, value)
         return mod
 
-    gdn = module("cgdn.py", "def call(args):\n    torch.ops.hybridspec.gdn_verify_packed.default(x)\n",
+    wrapper = "async_compile = AsyncCompile()\ndef call(args):\n    torch.ops.hybridspec.{}.default(x)\n"
+    gdn = module("cgdn.py", wrapper.format("gdn_verify_packed"),
                  **{name: kernel(2048, 16), "other": 3})
-    attention = module("cattn.py", "def call(args):\n    torch.ops.hybridspec.decode_attention.default(x)\n",
+    attention = module("cattn.py", wrapper.format("decode_attention"),
                        **{name: kernel(512, 4)})
-    own = module("ckernel.py", "@triton.jit\ndef k(): pass\n", **{name: kernel(64, 2)})
+    # a kernel's own module, with the benchmark harness inductor can add to it
+    own = module("ckernel.py", "@triton.jit\ndef k(): pass\ndef call(args): pass\n", **{name: kernel(64, 2)})
     rows = inductor_kernels([gdn, attention, own])
     assert [(r["graph"], r["wrapper"], r["kernel"], r["form"]) for r in rows] == [
         ("gdn", "cgdn.py", name, "looped reduction"), ("attention", "cattn.py", name, "looped reduction")]
     assert [r["configs"] for r in rows] == [[dict(XBLOCK=1, R0_BLOCK=2048, num_warps=16, num_stages=1)],
                                             [dict(XBLOCK=1, R0_BLOCK=512, num_warps=4, num_stages=1)]]
     assert rows[1]["source"].endswith("R0_BLOCK 512")
+
+
+@pytest.mark.gpu
+def test_inductor_kernels_reads_a_real_compiled_graph():
+    """On CUDA, a compiled reduction's wrapper is found among `PyCodeCache.modules` and its kernel
+    listed with one settled config: the torch internals `inductor_kernels` reads are there."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torch._inductor.codecache import PyCodeCache
+
+    from benchmarks.ar_timeline import inductor_kernels
+
+    fn = torch.compile(lambda x: (x.float() * x.float()).sum(-1).rsqrt(), dynamic=False)
+    x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(fn(x), (x.float() ** 2).sum(-1).rsqrt())
+    rows = [r for r in inductor_kernels(PyCodeCache.modules) if r["graph"] == "other" and "reduction" in r["form"]]
+    assert rows and all(len(r["configs"]) >= 1 and r["source"].lstrip().startswith("def ") for r in rows)

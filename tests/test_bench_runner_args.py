@@ -238,3 +238,59 @@ def test_gpu_state_rows_parse_to_numbers():
         sm_clock_mhz=1755.0, mem_clock_mhz=2619.0, temperature_c=63.0, power_w=None)
     with pytest.raises(ValueError, match="expected 5 values"):
         parse_gpu_state("1980, 2619, 41")
+
+
+def test_gpu_states_summarize_the_lowest_clock_and_every_reason():
+    from benchmarks.common import parse_gpu_state, summarize_gpu_states
+
+    rows = [parse_gpu_state(line) for line in ("1980, 2619, 41, 500.0, 0x0000000000000000",
+                                                "1755, 2619, 63, 690.5, 0x0000000000000004",
+                                                "1980, 2619, 52, [N/A], 0x0000000000000000")]
+    assert summarize_gpu_states(rows) == dict(
+        samples=3, sm_clock_mhz_min=1755.0, sm_clock_mhz_median=1980.0, mem_clock_mhz_min=2619.0,
+        temperature_c_max=63.0, power_w_max=690.5,
+        clock_event_reasons=["0x0000000000000000", "0x0000000000000004"])
+
+
+FAKE_SMI = """#!/usr/bin/env python3
+import sys, time
+args = " ".join(sys.argv[1:])
+if "clocks_event_reasons" in args and "{refuse}" == "yes":
+    print('Field "clocks_event_reasons.active" is not a valid field to query.'); sys.exit(2)
+row = "1980, 2619, 41, 500.0" + (", 0x0000000000000004" if "clocks_event_reasons" in args else "")
+if "-lms" not in args:
+    print(row); sys.exit(0)
+while True:
+    print(row, flush=True)
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.parametrize("refuse", ["no", "yes"])
+def test_gpu_sampler_samples_while_the_block_runs(tmp_path, monkeypatch, refuse):
+    """A stand-in nvidia-smi on PATH: the sampler runs it in a loop during the block and summarizes
+    what it printed; a driver that refuses the clock-event reasons field is asked without it."""
+    import time
+
+    from benchmarks import common
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI.replace("{refuse}", refuse))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    monkeypatch.setattr(common, "_nvidia_smi_id", lambda: "GPU-test")
+    with common.GpuSampler(interval_ms=20) as gpu:
+        time.sleep(0.5)
+    assert gpu.summary["samples"] >= 2
+    assert gpu.summary["sm_clock_mhz_min"] == 1980.0 and gpu.summary["power_w_max"] == 500.0
+    assert gpu.summary["clock_event_reasons"] == ([] if refuse == "yes" else ["0x0000000000000004"])
+
+
+def test_gpu_sampler_without_nvidia_smi_reports_an_error(tmp_path, monkeypatch):
+    from benchmarks import common
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(common, "_nvidia_smi_id", lambda: "GPU-test")
+    with common.GpuSampler() as gpu:
+        pass
+    assert set(gpu.summary) == {"error"}
