@@ -43,6 +43,24 @@ METHODS = (
     ("EVICT", dict(policy="evict")),
 )
 AR, HF = "AR (ours)", "transformers static AR"
+TARGET_ACCEPTANCE = "HybridSpec, target acceptance"
+# `--methods` names the speculative rows to run by these keys (AR always runs: every row is a ratio to it)
+METHOD_KEYS = {"vanilla": METHODS[0][0], "static": METHODS[1][0], "nominal": METHODS[2][0],
+               "hybridspec": METHODS[3][0], "dcut": METHODS[4][0], "evict": METHODS[5][0],
+               "target-acceptance": TARGET_ACCEPTANCE}
+
+
+def selected_methods(text: str | None) -> set[str]:
+    """`--methods vanilla,hybridspec` -> the row names to run (every speculative row where `text` is
+    None); an unknown or empty key stops the run before anything is built, naming the keys."""
+    if text is None:
+        return set(METHOD_KEYS.values())
+    keys = [k.strip() for k in text.split(",")]
+    unknown = [k for k in keys if k not in METHOD_KEYS]
+    if unknown or not keys:
+        raise SystemExit(f"--methods: unknown {unknown or [text]}; choose from {', '.join(METHOD_KEYS)} "
+                         "(comma-separated; AR (ours) always runs)")
+    return {METHOD_KEYS[k] for k in keys}
 # run sizes where the command line gives none: --tiny must finish in about a minute on 2 CPU cores
 SIZES = {
     "tiny": dict(num_prompts=3, prompt_tokens=32, max_new_tokens=64, calibration_tokens=32),
@@ -354,6 +372,7 @@ def _run(args) -> dict:
     from hybridspec.bench_plots import write_plots
 
     resolve_sizes(args)
+    chosen = selected_methods(getattr(args, "methods", None))
     repeats = getattr(args, "repeats", 3)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":
@@ -377,14 +396,19 @@ def _run(args) -> dict:
     passes.ar_outs = ar_first[0]
     acceptance = _acceptance(replay, forced, args.traces)
 
-    if args.calibration:
+    # only the length policies read a calibration: a run of fixed-length rows alone needs none
+    policies = any(kw.get("policy") for name, kw in METHODS if name in chosen) or (
+        forced is not None and TARGET_ACCEPTANCE in chosen)
+    if not policies:
+        calibration = None
+    elif args.calibration:
         calibration = Calibration.load(args.calibration)
     else:
         print("calibrating (on prompts of their own, seed", args.seed + 1, ")")
         calibration = calibrate(model, drafter, calib_prompts, str(out / "calibration.json"),
                                 max_new_tokens=args.calibration_tokens, device=str(device), seed=args.seed + 1,
                                 accept=forced, batch_sizes=(1,) if B == 1 else (1, B))
-    calib_noise = calibration_noise(calibration)
+    calib_noise = calibration_noise(calibration) if calibration is not None else None
 
     absent = {}
     runs = {AR: passes.ar}
@@ -397,15 +421,18 @@ def _run(args) -> dict:
     else:
         static = StaticAR(model, eval_prompts, new)
         runs[HF] = static
-    methods = list(METHODS)
+    methods = [(name, kw) for name, kw in METHODS if name in chosen]
+    absent.update({name: "left out by --methods" for name, _ in METHODS if name not in chosen})
     if B > 1:
         # batched rounds share one length: a fixed length, "static" or "hybridspec"
         absent.update({name: f"not supported at batch size {B} (batched rounds: fixed length, static, HybridSpec)"
                        for name, kw in methods if kw.get("policy") not in (None, *BATCH_POLICIES)})
         methods = [(name, kw) for name, kw in methods if name not in absent]
-    if forced is not None:
+    if forced is not None and TARGET_ACCEPTANCE in chosen:
         # the same policy with the target's own acceptance: what exactness looks like on these weights
-        methods.append(("HybridSpec, target acceptance", dict(policy="hybridspec", forced=False)))
+        methods.append((TARGET_ACCEPTANCE, dict(policy="hybridspec", forced=False)))
+    elif forced is not None:
+        absent[TARGET_ACCEPTANCE] = "left out by --methods"
     meta = {}
     for name, kwargs in methods:
         kwargs = dict(kwargs)
@@ -454,7 +481,7 @@ def _run(args) -> dict:
         prompts=len(eval_prompts), prompt_tokens=[p.shape[1] for p in eval_prompts], max_new_tokens=new,
         rows=rows, absent_rows=absent, columns={key: note for key, _, note in COLUMNS},
         noisy_rows=[r["method"] for r in rows if r["noisy"]], memory=_memory(model, drafter, B),
-        calibration_summary=calibration.summary, calibration_noisy=calib_noise,
+        calibration_summary=calibration.summary if calibration is not None else None, calibration_noisy=calib_noise,
         looping=[r["method"] for r in rows if r["distinct_token_ratio"] < LOOP_RATIO],
         seconds=time.perf_counter() - t0,
     )

@@ -92,13 +92,17 @@ def cost_figure(calibration, result: dict):
 
 
 def write_plots(out: Path, result: dict, calibration) -> list[str]:
+    """speedup.png, and cost_curve.png where the run has a calibration (none when `--methods` keeps
+    only fixed-length rows)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     files = []
-    for name, fig in (("speedup.png", speedup_figure(result)), ("cost_curve.png", cost_figure(calibration, result))):
+    figures = [("speedup.png", speedup_figure)] + ([("cost_curve.png", lambda r: cost_figure(calibration, r))]
+                                                  if calibration is not None else [])
+    for name, fig in ((name, make(result)) for name, make in figures):
         # bbox "tight" keeps the wrapped title and the legend below the axes inside the image
         fig.savefig(out / name, dpi=120, bbox_inches="tight")
         plt.close(fig)

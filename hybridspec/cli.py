@@ -111,6 +111,10 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="timed passes over the prompts per row, interleaved across rows; tokens/s is their median "
                         "and a row whose spread is large is flagged noisy (at least 2)")
     p.add_argument("--skip-transformers", action="store_true", help="leave out transformers' static AR (~90 s compile)")
+    p.add_argument("--methods", default=None,
+                   help="the speculative rows to run, comma-separated, of vanilla, static, nominal, hybridspec, dcut, "
+                        "evict, target-acceptance (default: all; AR (ours) always runs, and a run of fixed-length rows "
+                        "alone skips the calibration); the others are listed as left out in bench.json")
     p.add_argument("--batch-size", type=int, default=1, choices=[1, 2, 4],
                    help="rows per decoded batch: AR (ours, batched), vanilla DFlash, static and HybridSpec on "
                         "batches of that size, tokens/s the total over the batch; --num-prompts counts batches, and "

@@ -178,3 +178,20 @@ def test_split_options_hold_for_the_run_only(monkeypatch):
     bench.run(argparse.Namespace())
     assert seen[-1] == (before.out_split_k, before.router_split_k, before.in_split_k)
     assert linear.KERNEL_CONFIG is before
+
+
+def test_methods_keep_the_rows_named(tmp_path):
+    """`--methods` runs AR and the rows it names and lists the rest as left out; fixed-length rows
+    alone skip the calibration (no cost plot); a policy row calibrates as before."""
+    parse = lambda *more: build_parser().parse_args(  # noqa: E731
+        ["bench", "--tiny", "--device", "cpu", "--num-prompts", "1", "--max-new-tokens", "8", "--repeats", "2",
+         *more])
+    saved = bench.run(parse("--methods", "vanilla", "--out", str(tmp_path / "v")))
+    assert [r["method"] for r in saved["rows"]] == [bench.AR, bench.METHOD_KEYS["vanilla"]]
+    assert saved["calibration_summary"] is None and not (tmp_path / "v" / "cost_curve.png").exists()
+    assert saved["absent_rows"][bench.METHOD_KEYS["hybridspec"]] == "left out by --methods"
+    saved = bench.run(parse("--methods", "hybridspec,dcut", "--out", str(tmp_path / "h")))
+    assert [r["method"] for r in saved["rows"]] == [bench.AR, bench.METHOD_KEYS["hybridspec"], bench.METHOD_KEYS["dcut"]]
+    assert saved["calibration_summary"] is not None and (tmp_path / "h" / "cost_curve.png").exists()
+    with pytest.raises(SystemExit, match="--methods: unknown \\['vanila'\\]"):
+        bench.selected_methods("vanilla,vanila")
