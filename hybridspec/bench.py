@@ -396,31 +396,7 @@ def _run(args) -> dict:
     passes.ar_outs = ar_first[0]
     acceptance = _acceptance(replay, forced, args.traces)
 
-    # only the length policies read a calibration: a run of fixed-length rows alone needs none
-    policies = any(kw.get("policy") for name, kw in METHODS if name in chosen) or (
-        forced is not None and TARGET_ACCEPTANCE in chosen)
-    if not policies:
-        calibration = None
-    elif args.calibration:
-        calibration = Calibration.load(args.calibration)
-    else:
-        print("calibrating (on prompts of their own, seed", args.seed + 1, ")")
-        calibration = calibrate(model, drafter, calib_prompts, str(out / "calibration.json"),
-                                max_new_tokens=args.calibration_tokens, device=str(device), seed=args.seed + 1,
-                                accept=forced, batch_sizes=(1,) if B == 1 else (1, B))
-    calib_noise = calibration_noise(calibration) if calibration is not None else None
-
     absent = {}
-    runs = {AR: passes.ar}
-    if B > 1:
-        absent[HF] = f"batched run (B = {B}): the transformers static AR row is measured at batch size 1"
-    elif device.type != "cuda":
-        absent[HF] = f"transformers' compiled static-cache AR runs on CUDA only; this run is on {device.type}"
-    elif args.skip_transformers:
-        absent[HF] = "left out by --skip-transformers"
-    else:
-        static = StaticAR(model, eval_prompts, new)
-        runs[HF] = static
     methods = [(name, kw) for name, kw in METHODS if name in chosen]
     absent.update({name: "left out by --methods" for name, _ in METHODS if name not in chosen})
     if B > 1:
@@ -433,6 +409,29 @@ def _run(args) -> dict:
         methods.append((TARGET_ACCEPTANCE, dict(policy="hybridspec", forced=False)))
     elif forced is not None:
         absent[TARGET_ACCEPTANCE] = "left out by --methods"
+
+    # only the length policies read a calibration: a run of fixed-length rows alone needs none
+    if not any(kw.get("policy") for _, kw in methods):
+        calibration = None
+    elif args.calibration:
+        calibration = Calibration.load(args.calibration)
+    else:
+        print("calibrating (on prompts of their own, seed", args.seed + 1, ")")
+        calibration = calibrate(model, drafter, calib_prompts, str(out / "calibration.json"),
+                                max_new_tokens=args.calibration_tokens, device=str(device), seed=args.seed + 1,
+                                accept=forced, batch_sizes=(1,) if B == 1 else (1, B))
+    calib_noise = calibration_noise(calibration) if calibration is not None else None
+
+    runs = {AR: passes.ar}
+    if B > 1:
+        absent[HF] = f"batched run (B = {B}): the transformers static AR row is measured at batch size 1"
+    elif device.type != "cuda":
+        absent[HF] = f"transformers' compiled static-cache AR runs on CUDA only; this run is on {device.type}"
+    elif args.skip_transformers:
+        absent[HF] = "left out by --skip-transformers"
+    else:
+        static = StaticAR(model, eval_prompts, new)
+        runs[HF] = static
     meta = {}
     for name, kwargs in methods:
         kwargs = dict(kwargs)
