@@ -7,6 +7,8 @@ batched rounds support: vanilla DFlash, static, HybridSpec); transformers'
 vanilla DFlash (w = 16); the calibrated static length; HybridSpec nominal-only; HybridSpec full;
 D-Cut; EVICT. With a replay drafter (`--replay`, the default for `--shape` and `--tiny`) the
 acceptance is simulated (DESIGN.md section 5): every such row, the JSON and the plots say so.
+`--methods` keeps only the speculative rows it names (`METHOD_KEYS`; AR always runs), and the others
+are listed as left out; without a length-policy row the run skips the calibration.
 
 The calibration (`--calibration FILE`, or run here on prompts of their own and another seed) and
 the evaluation use different draws. Throughput is decode tokens per second after the first token
