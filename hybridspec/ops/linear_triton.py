@@ -67,3 +67,54 @@ def small_linear_kernel(
         acc = _round_bf16(acc)
     out = out_ptr + (tl.program_id(2) * M + rows[:, None]) * N + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def small_linear_persistent_kernel(
+    x_ptr, w_ptr, out_ptr,
+    M, N, K, k_span, splits,
+    s_xm, s_wn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """`small_linear_kernel`'s tiles (BLOCK_N features x BLOCK_M rows x one split of K) taken by a
+    fixed grid of programs, tile `pid`, `pid + programs`, ..., in one flat loop over every K step of
+    every tile it takes, so the pipelined loads run on from one tile into the next instead of each
+    program's ramp and drain (`LinearKernelConfig.persistent_programs`, docs/ar-step-levers.md).
+    Each output is summed over the same K steps in the same order as there: the same bits."""
+    pdl_enter(USE_PDL)
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    m_tiles = tl.cdiv(M, BLOCK_M)
+    k_steps = tl.cdiv(k_span, BLOCK_K)
+    # the grid is at most the tile count, so every program has a tile
+    mine = tl.cdiv(n_tiles * m_tiles * splits - pid, programs)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for step in range(0, mine * k_steps):
+        ki = step % k_steps
+        tile = pid + (step // k_steps) * programs
+        i_n = tile % n_tiles
+        i_m = (tile // n_tiles) % m_tiles
+        split = tile // (n_tiles * m_tiles)
+        rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < M
+        col_ok = cols < N
+        ck = split * k_span + ki * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = ck < K
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + ck[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        w = tl.load(w_ptr + cols[:, None].to(tl.int64) * s_wn + ck[None, :], mask=col_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        if UPCAST:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+        if ki == k_steps - 1:  # the tile's last K step: store it, start the next tile from zero
+            done = acc
+            if INTERPRET_BF16:
+                done = _round_bf16(done)
+            out = out_ptr + (split * M + rows[:, None]) * N + cols[None, :]
+            tl.store(out, done.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
