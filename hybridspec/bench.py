@@ -415,6 +415,8 @@ def _run(args) -> dict:
     # only the length policies read a calibration: a run of fixed-length rows alone needs none
     if not any(kw.get("policy") for _, kw in methods):
         calibration = None
+        if args.calibration:
+            print(f"--calibration {args.calibration} is not read: no length-policy row runs (--methods)")
     elif args.calibration:
         calibration = Calibration.load(args.calibration)
     else:
