@@ -253,15 +253,19 @@ def test_gpu_states_summarize_the_lowest_clock_and_every_reason():
 
 
 FAKE_SMI = """#!/usr/bin/env python3
-import sys, time
+import os, pathlib, sys, time
 args = " ".join(sys.argv[1:])
 if "clocks_event_reasons" in args and "{refuse}" == "yes":
     print('Field "clocks_event_reasons.active" is not a valid field to query.'); sys.exit(2)
 row = "1980, 2619, 41, 500.0" + (", 0x0000000000000004" if "clocks_event_reasons" in args else "")
 if "-lms" not in args:
     print(row); sys.exit(0)
+printed = 0
 while True:
     print(row, flush=True)
+    printed += 1
+    if printed == 3:  # tell the test that samples are out, however slowly this process started
+        pathlib.Path(os.environ["FAKE_SMI_READY"]).touch()
     time.sleep(0.02)
 """
 
@@ -279,9 +283,13 @@ def test_gpu_sampler_samples_while_the_block_runs(tmp_path, monkeypatch, refuse)
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
     monkeypatch.setattr(common, "_nvidia_smi_id", lambda: "GPU-test")
+    ready = tmp_path / "ready"
+    monkeypatch.setenv("FAKE_SMI_READY", str(ready))
     with common.GpuSampler(interval_ms=20) as gpu:
-        time.sleep(0.5)
-    assert gpu.summary["samples"] >= 2
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert gpu.summary["samples"] >= 3
     assert gpu.summary["sm_clock_mhz_min"] == 1980.0 and gpu.summary["power_w_max"] == 500.0
     assert gpu.summary["clock_event_reasons"] == ([] if refuse == "yes" else ["0x0000000000000004"])
 
