@@ -218,6 +218,24 @@ def report_kernels(rows: list[dict]) -> None:
                  if r["graph"] != "other"])
 
 
+def kernel_listing(out: Path) -> list[dict] | dict:
+    """`inductor_kernels` of this process, printed, with each kernel's source written apart under
+    `out`/inductor_kernels/ (to keep the JSON readable); {"error": ...} where this torch's internals
+    differ from what `inductor_kernels` reads."""
+    try:
+        from torch._inductor.codecache import PyCodeCache
+
+        kernels = inductor_kernels(PyCodeCache.modules)
+    except (AttributeError, ImportError, OSError) as err:
+        return {"error": repr(err)}
+    report_kernels(kernels)
+    sources = out / "inductor_kernels"
+    sources.mkdir(parents=True, exist_ok=True)
+    for row in kernels:
+        (sources / f"{row['graph']}-{Path(row['wrapper']).stem[:12]}-{row['kernel'][:150]}.py").write_text(row.pop("source"))
+    return kernels
+
+
 def report(label: str, result: dict) -> None:
     from benchmarks.common import print_table
 
@@ -263,23 +281,11 @@ def main() -> None:
             row = dict(kind=kind, variant=changes, **timeline(model, prompt, args))
         result["variants"].append(row)
         report(f"{kind}: " + ",".join(f"{k}={v}" for k, v in changes.items()), row)
-    write_json(Path(args.out) / "ar_timeline.json", result)
-    from torch._inductor.codecache import PyCodeCache
-
-    # after the timeline is on disk: a torch whose internals differ loses only this listing
     try:
-        kernels = inductor_kernels(PyCodeCache.modules)
-    except (AttributeError, ImportError, OSError) as err:
-        result["inductor_kernels"] = {"error": repr(err)}
-    else:
-        report_kernels(kernels)
-        # sources apart, to keep the JSON readable: one file per graph and kernel
-        sources = Path(args.out) / "inductor_kernels"
-        sources.mkdir(parents=True, exist_ok=True)
-        for row in kernels:
-            (sources / f"{row['graph']}-{Path(row['wrapper']).stem[:12]}-{row['kernel'][:150]}.py").write_text(row.pop("source"))
-        result["inductor_kernels"] = kernels
-    write_json(Path(args.out) / "ar_timeline.json", result)
+        result["inductor_kernels"] = kernel_listing(Path(args.out))
+    finally:
+        # whatever the listing does, the timeline reaches the disk
+        write_json(Path(args.out) / "ar_timeline.json", result)
 
 
 if __name__ == "__main__":

@@ -168,16 +168,14 @@ def small_linear(rows: int = 1, **changes):
     from dataclasses import replace
 
     from hybridspec.ops.linear import KERNEL_CONFIG
-    from hybridspec.ops.linear_triton import small_linear_kernel
-
-    from hybridspec.ops.linear_triton import small_linear_persistent_kernel
+    from hybridspec.ops.linear_triton import small_linear_kernel, small_linear_persistent_kernel
 
     cfg = replace(KERNEL_CONFIG, **changes)
-    ints = dict(M=rows, N=2048, K=4096, k_span=4096 // cfg.out_split_k, s_xm=4096, s_wn=4096)
-    # the persistent form takes the split count as an argument (the fixed grid walks the splits too)
-    kernel = small_linear_persistent_kernel if cfg.persistent_programs else small_linear_kernel
+    kernel, ints = small_linear_kernel, dict(M=rows, N=2048, K=4096, k_span=4096 // cfg.out_split_k, s_xm=4096,
+                                             s_wn=4096)
     if cfg.persistent_programs:
-        ints["splits"] = cfg.out_split_k
+        # the fixed grid walks the splits too, so it takes their count as an argument
+        kernel, ints["splits"] = small_linear_persistent_kernel, cfg.out_split_k
     return compile_sm90(kernel, "bf16",
                         dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRECISION="tf32", UPCAST=False,
                              INTERPRET_BF16=False, USE_PDL=True),

@@ -100,9 +100,10 @@ def write_plots(out: Path, result: dict, calibration) -> list[str]:
     import matplotlib.pyplot as plt
 
     files = []
-    figures = [("speedup.png", speedup_figure)] + ([("cost_curve.png", lambda r: cost_figure(calibration, r))]
-                                                  if calibration is not None else [])
-    for name, fig in ((name, make(result)) for name, make in figures):
+    figures = {"speedup.png": speedup_figure(result)}
+    if calibration is not None:
+        figures["cost_curve.png"] = cost_figure(calibration, result)
+    for name, fig in figures.items():
         # bbox "tight" keeps the wrapped title and the legend below the axes inside the image
         fig.savefig(out / name, dpi=120, bbox_inches="tight")
         plt.close(fig)
