@@ -41,7 +41,10 @@ def test_calibrate_then_generate(tmp_path, capsys):
     raw = json.loads(out.read_text())
     assert raw["schema_version"] == 1 and raw["block_size"] == 16 and raw["top_k"] == 2
     calib = Calibration.load(out)
-    assert calib.rho > 0 and calib.eta_ms > 0 and 2 <= calib.static_length <= 16
+    # eta is a slope fitted to CPU round times, floored at 0 (calibration/run.py): on a loaded CPU the
+    # tiny model's fit can come out at or below 0 (seen once in six fresh-clone runs, eta_ms == 0.0),
+    # so the test checks the floor the artifact promises, not the sign of a timing
+    assert calib.rho > 0 and calib.eta_ms == max(calib.summary["eta_fit"], 0.0) and 2 <= calib.static_length <= 16
     assert calib.summary["valid_rounds"] > 0
     # measured lengths are those asked for (the capture gives w = 16)
     assert sorted(calib.summary["round_ms"]) == ["16", "2", "8"]
