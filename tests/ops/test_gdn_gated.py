@@ -202,7 +202,11 @@ def test_gated_epilogue_rounds_as_the_module_cuda(dtype, weight_dtype):
     """In 16 bits the epilogue gives the module's bits on the one-row verify's own output (the same
     fp32 sums as the one-row path of `gdn_verify_packed`), with the weight in the input's dtype (its
     product rounded) or in fp32 (not): only the variance's summation order may differ from torch's,
-    so almost no element may differ, and none by more than one ulp."""
+    so almost no element may differ. Where it does, the normalised value's rounding to the input
+    dtype flipped (one ulp of that intermediate), and the weight and gate products carry the flip to
+    the output: at most two ulps of the output, counted in the output dtype's own spacing (subnormals
+    included: an fp16 run on an H100 on 2026-12-07 failed a bound of |want| x 2^-10, which is below
+    one ulp there)."""
     case = _case(1, 16, 2, 128, 128, dtype, 7)
     q, k, v, g, beta, state = make_inputs(case, "cuda")
     qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
@@ -219,5 +223,16 @@ def test_gated_epilogue_rounds_as_the_module_cuda(dtype, weight_dtype):
         want = norm(o, gate)
     differ = out != want
     assert differ.float().mean().item() < 0.01, f"{int(differ.sum())} of {out.numel()} elements differ"
-    ulp = want.float().abs() * (2.0**-7 if dtype == torch.bfloat16 else 2.0**-10)
-    assert ((out.float() - want.float()).abs() <= ulp).all()
+    ulps = (out.float() - want.float()).abs() / _ulp(want)
+    assert ulps.max().item() <= 2, f"{int((ulps > 2).sum())} elements differ by more than two ulps (at most {ulps.max().item()})"
+
+
+def _ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of x's dtype at each element of x, as fp32 (the subnormal spacing below the
+    smallest normal)."""
+    info = torch.finfo(x.dtype)
+    exponent = torch.frexp(x.float().abs().clamp_min(info.tiny))[1] - 1
+    return torch.exp2((exponent - _MANTISSA[x.dtype]).float())
+
+
+_MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
