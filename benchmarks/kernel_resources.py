@@ -168,18 +168,14 @@ def small_linear(rows: int = 1, **changes):
     from dataclasses import replace
 
     from hybridspec.ops.linear import KERNEL_CONFIG
-    from hybridspec.ops.linear_triton import small_linear_kernel, small_linear_persistent_kernel
+    from hybridspec.ops.linear_triton import small_linear_kernel
 
     cfg = replace(KERNEL_CONFIG, **changes)
-    kernel, ints = small_linear_kernel, dict(M=rows, N=2048, K=4096, k_span=4096 // cfg.out_split_k, s_xm=4096,
-                                             s_wn=4096)
-    if cfg.persistent_programs:
-        # the fixed grid walks the splits too, so it takes their count as an argument
-        kernel, ints["splits"] = small_linear_persistent_kernel, cfg.out_split_k
-    return compile_sm90(kernel, "bf16",
+    return compile_sm90(small_linear_kernel, "bf16",
                         dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRECISION="tf32", UPCAST=False,
                              INTERPRET_BF16=False, USE_PDL=True),
-                        fp32_pointers=("out_ptr",), num_warps=cfg.num_warps, num_stages=cfg.num_stages, ints=ints)
+                        fp32_pointers=("out_ptr",), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                        ints=dict(M=rows, N=2048, K=4096, k_span=4096 // cfg.out_split_k, s_xm=4096, s_wn=4096))
 
 
 # name -> (what it is, how to compile it); "AR": one row (the AR step), "round": 16 rows
@@ -208,8 +204,6 @@ ROWS = {
                                 small_linear),
     "small_linear num_stages=3 AR": ("one pipelined tile fewer", lambda: small_linear(num_stages=3)),
     "small_linear block_k=128 AR": ("a narrower K step", lambda: small_linear(block_k=128)),
-    "small_linear persistent_programs=132 AR": ("a fixed grid taking the tiles in one pipelined loop",
-                                                lambda: small_linear(persistent_programs=132)),
 }
 
 

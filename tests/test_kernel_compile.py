@@ -52,10 +52,6 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     kernels = [
         compile_sm90(linear_triton.small_linear_kernel, "bf16",
                      dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl)),
-        # the store and the fresh accumulator inside the pipelined loop, which the interpreter does not compile
-        compile_sm90(linear_triton.small_linear_persistent_kernel, "bf16",
-                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl),
-                     fp32_pointers=("out_ptr",), num_stages=4),
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, K=8, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=1),
         route_partials_sm90(),

@@ -65,11 +65,6 @@ class LinearKernelConfig:
     # 1: `F.linear` (cuBLAS, or inductor's reduction at one row), which the H200 measured faster (AR step 3.090 ms against 3.233 at 2 and 3.420 at 4, one
     # process, with two since-removed experiments on in every row: docs/benchmarks.md, 2026-12-06)
     in_split_k: int = 1
-    # > 0: every launch runs on at most this many programs, each taking the tiles of the grid above
-    # in one pipelined loop (`small_linear_persistent_kernel`: fewer, longer-lived programs, the
-    # same bits). 0: one program per tile. A lead for the output projections, which stream at about
-    # half of DRAM peak; not yet timed (docs/ar-step-levers.md, "Not yet timed")
-    persistent_programs: int = 0
 
 
 KERNEL_CONFIG = LinearKernelConfig()
@@ -96,7 +91,7 @@ def _tiles(cfg: LinearKernelConfig, M: int, N: int, K: int, splits: int, element
 def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int) -> None:
     """`small_linear_kernel` over `splits` splits of K into `out` (`[M, N]` in x's dtype for one
     split, `[splits, M, N]` fp32 partials otherwise)."""
-    from hybridspec.ops.linear_triton import small_linear_kernel, small_linear_persistent_kernel
+    from hybridspec.ops.linear_triton import small_linear_kernel
 
     cfg = KERNEL_CONFIG
     M, K = x.shape
@@ -110,16 +105,15 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
             bk //= 2
     interp16 = TRITON_INTERPRET and x.dtype != torch.float32
     pdl = use_pdl(x)
-    grid = (-(-N // bn), -(-M // bm), splits)
-    common = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION=dot_precision(x), UPCAST=interp16,
-                  INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16, USE_PDL=pdl,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl))
-    if cfg.persistent_programs > 0:
-        programs = min(cfg.persistent_programs, grid[0] * grid[1] * grid[2])
-        small_linear_persistent_kernel[(programs,)](x, weight, out, M, N, K, span, splits,
-                                                    x.stride(0), weight.stride(0), **common)
-        return
-    small_linear_kernel[grid](x, weight, out, M, N, K, span, x.stride(0), weight.stride(0), **common)
+    small_linear_kernel[(-(-N // bn), -(-M // bm), splits)](
+        x, weight, out,
+        M, N, K, span,
+        x.stride(0), weight.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        PRECISION=dot_precision(x), UPCAST=interp16,
+        INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16,
+        USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
+    )
 
 
 @torch.library.custom_op("hybridspec::small_linear", mutates_args=(), device_types=None)
