@@ -63,6 +63,8 @@ def selected_methods(text: str | None) -> set[str]:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHOD_KEYS)} "
                          "(comma-separated; AR (ours) always runs)")
     return {METHOD_KEYS[k] for k in keys}
+
+
 # run sizes where the command line gives none: --tiny must finish in about a minute on 2 CPU cores
 SIZES = {
     "tiny": dict(num_prompts=3, prompt_tokens=32, max_new_tokens=64, calibration_tokens=32),

@@ -232,7 +232,5 @@ def _ulp(x: torch.Tensor) -> torch.Tensor:
     smallest normal)."""
     info = torch.finfo(x.dtype)
     exponent = torch.frexp(x.float().abs().clamp_min(info.tiny))[1] - 1
-    return torch.exp2((exponent - _MANTISSA[x.dtype]).float())
-
-
-_MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
+    # eps is the spacing at 1.0: 2^-(the dtype's mantissa bits)
+    return torch.exp2(exponent.float()) * info.eps
