@@ -228,6 +228,14 @@ def kernel_listing(out: Path) -> list[dict] | dict:
         kernels = inductor_kernels(PyCodeCache.modules)
     except (AttributeError, ImportError, OSError) as err:
         return {"error": repr(err)}
+    if not any(row["graph"] != "other" for row in kernels):
+        # seen on an H100 under TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 (2026-12-07): the layers compiled
+        # and ran, yet no layer graph's wrapper was among the modules read here. A fresh compile per
+        # process, with the listing, takes a fresh TORCHINDUCTOR_CACHE_DIR instead
+        error = ("no layer graph's kernels among inductor's loaded modules (under TORCHINDUCTOR_FORCE_DISABLE_CACHES "
+                 "the listing comes out empty: recompile with a fresh TORCHINDUCTOR_CACHE_DIR instead)")
+        print(f"inductor's kernels: not listed: {error}")
+        return {"error": error}
     report_kernels(kernels)
     sources = out / "inductor_kernels"
     sources.mkdir(parents=True, exist_ok=True)

@@ -131,3 +131,17 @@ def test_inductor_kernels_reads_a_real_compiled_graph():
     torch.testing.assert_close(fn(x), (x.float() ** 2).sum(-1).rsqrt())
     rows = [r for r in inductor_kernels(PyCodeCache.modules) if r["graph"] == "other" and "reduction" in r["form"]]
     assert rows and all(len(r["configs"]) >= 1 and r["source"].lstrip().startswith("def ") for r in rows)
+
+
+def test_an_empty_listing_says_why_instead_of_an_empty_table(tmp_path, monkeypatch, capsys):
+    """Where no layer graph's wrapper is among inductor's loaded modules (as under
+    TORCHINDUCTOR_FORCE_DISABLE_CACHES on a GPU), the listing is an error that names the way out, not
+    an empty table that reads like a graph without inductor kernels."""
+    from torch._inductor.codecache import PyCodeCache
+
+    from benchmarks.ar_timeline import kernel_listing
+
+    monkeypatch.setattr(PyCodeCache, "modules", [])
+    got = kernel_listing(tmp_path)
+    assert isinstance(got, dict) and "TORCHINDUCTOR_CACHE_DIR" in got["error"]
+    assert "not listed" in capsys.readouterr().out
