@@ -1,7 +1,8 @@
 """small_linear kernel against the naive twin (hybridspec.ops.naive_linear: fp32 accumulation,
 one rounding), on row-strided inputs and row slices of wider weights, and `fits`; its split-K form
 `small_linear_partials` against its twin, and `split_out_projection` built on it (the target's
-mixers and the drafter's layers)."""
+mixers and the drafter's layers); the one-row form `row_linear` against the same twin, and the
+mixers' input projections through it (`LinearKernelConfig.in_row`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hybridspec.ops import linear as linear_ops
-from hybridspec.ops import naive_linear, small_linear, small_linear_partials
+from hybridspec.ops import naive_linear, row_linear, small_linear, small_linear_partials
 from hybridspec.ops.dispatch import use_triton
 from hybridspec.ops.linear import fits
 from tests.helpers import assert_rel
@@ -322,6 +323,102 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
         full = model(torch.cat([prompt, block], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
     assert_rel(got.cpu(), plain.cpu(), 1e-5, "split vs default")
     assert_rel(got.cpu(), full.cpu(), 1e-5, "split vs transformers")
+
+
+def _run_rows(case: LinearCase, device: str):
+    x, w = make_inputs(case, device)
+    with expect_launch("row_linear"):
+        got = row_linear(x, w)
+    return x, w, got
+
+
+# tiles the hypothesis cases draw: one feature a program, the default, and more than N; K steps
+# below, at and above K
+ROW_TILES = st.builds(lambda n, k, warps: linear_ops.LinearKernelConfig(row_block_n=n, row_block_k=k, row_warps=warps),
+                      st.sampled_from([1, 4, 8]), st.sampled_from([16, 64, 1024]), st.sampled_from([1, 4]))
+
+
+@settings(max_examples=15)
+@given(case=linear_cases(), tiles=ROW_TILES)
+@example(case=LinearCase(M=1, N=100, K=300, dtype=torch.bfloat16, seed=0, x_pad=5, w_off=9, w_pad=4),
+         tiles=linear_ops.LinearKernelConfig())
+@example(case=LinearCase(M=1, N=1, K=1, dtype=torch.float16, seed=2, w_off=2), tiles=linear_ops.LinearKernelConfig())
+@example(case=LinearCase(M=5, N=33, K=40, dtype=torch.float32, seed=1), tiles=linear_ops.LinearKernelConfig(row_block_n=8, row_block_k=16))
+def test_row_linear_matches_naive(device, case, tiles):
+    """Any rows, strides and tiles; NaN outside the inputs (`make_inputs`) fails a read past a mask."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(linear_ops, "KERNEL_CONFIG", tiles)
+        x, w, got = _run_rows(case, device)
+    check_against_naive(case, x, w, got)
+
+
+def test_row_linear_deterministic_opcheck_and_compiles(device):
+    x, w = make_inputs(LinearCase(M=1, N=40, K=300, dtype=torch.bfloat16, seed=3, x_pad=3, w_off=2, w_pad=4), device)
+    first = row_linear(x, w)
+    assert torch.equal(first, row_linear(x, w))
+    op = torch.ops.hybridspec.row_linear.default
+    torch.library.opcheck(op, (x, w))
+    torch.library.opcheck(op, (x.float(), w.float()))
+    compiled = torch.compile(lambda x, w: row_linear(x * 2, w) + 1, fullgraph=True)(x, w)
+    assert torch.equal(compiled, row_linear(x * 2, w) + 1)
+
+
+def test_row_linear_validates():
+    """The same checks as `small_linear` (one shared `_check_inputs`)."""
+    x, w = make_inputs(LinearCase(M=3, N=20, K=16, dtype=torch.float32, seed=7), "cpu")
+    with pytest.raises(ValueError, match=r"weight must be \[N, K\] = \[N, 16\]"):
+        row_linear(x, w[:, :8])
+    with pytest.raises(ValueError, match=r"at most 64 rows"):
+        row_linear(x.new_zeros(65, 16), w)
+    with pytest.raises(ValueError, match="must have x's dtype"):
+        row_linear(x, w.bfloat16())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("N", [12352, 9216, 257])
+def test_row_linear_real_shapes(N, dtype):
+    """The 35B-A3B mixers' fused input projections at one row (GDN 12,352 x 2,048; attention q+gate,
+    k, v 9,216 x 2,048) and an N one past a tile, against the twin and F.linear."""
+    case = LinearCase(M=1, N=N, K=2048, dtype=dtype, seed=N)
+    x, w, got = _run_rows(case, "cuda")
+    check_against_naive(case, x, w, got)
+    assert torch.equal(got, row_linear(x, w))
+    assert_rel(got, F.linear(x, w), TOL[dtype], "vs F.linear")
+
+
+@pytest.mark.parametrize("family_model", ["qwen35", "qwen3_next"])
+def test_one_row_input_projections_through_row_linear(device, monkeypatch, family_model):
+    """With `in_row` on, a one-token verification (the AR step) runs every mixer's fused input
+    projection as one `row_linear` launch and gives the hidden states of the default path and of
+    transformers (fp32 tiny models); a block of several tokens does not take it."""
+    from transformers import DynamicCache
+
+    from hybridspec.patches import family_of
+    from hybridspec.patches.forward import allocate_state, verify_forward
+    from hybridspec.patches.fusion import fuse_model
+    from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm
+
+    build = qwen35_causal_lm if family_model == "qwen35" else qwen3_next_causal_lm
+    model = build(seed=21).to(device)
+    family = family_of(model)
+    fuse_model(family, model)
+    layers = family.text_config(model).num_hidden_layers
+    g = torch.Generator().manual_seed(22)
+    prompt, token, block = (torch.randint(0, VOCAB, (1, n), generator=g).to(device) for n in (7, 1, 3))
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(prompt, use_cache=True, past_key_values=cache)
+        state = allocate_state(family, model, cache, 32)
+        plain, _ = verify_forward(family, model, token, state)
+        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(in_row=1))
+        with expect_launch("row_linear", layers):
+            got, _ = verify_forward(family, model, token, state)
+        with expect_launch("row_linear", 0):
+            verify_forward(family, model, block, state)
+        full = model(torch.cat([prompt, token], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
+    assert_rel(got.cpu(), plain.cpu(), 1e-5, "row_linear vs default")
+    assert_rel(got.cpu(), full.cpu(), 1e-5, "row_linear vs transformers")
 
 
 def test_stage0_routes_split_router_as_the_default(device, monkeypatch):
