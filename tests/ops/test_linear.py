@@ -356,9 +356,8 @@ def test_row_linear_deterministic_opcheck_and_compiles(device):
     x, w = make_inputs(LinearCase(M=1, N=40, K=300, dtype=torch.bfloat16, seed=3, x_pad=3, w_off=2, w_pad=4), device)
     first = row_linear(x, w)
     assert torch.equal(first, row_linear(x, w))
-    op = torch.ops.hybridspec.row_linear.default
-    torch.library.opcheck(op, (x, w))
-    torch.library.opcheck(op, (x.float(), w.float()))
+    # one dtype: opcheck's checks are of the registration, and the property test covers fp32
+    torch.library.opcheck(torch.ops.hybridspec.row_linear.default, (x, w))
     compiled = torch.compile(lambda x, w: row_linear(x * 2, w) + 1, fullgraph=True)(x, w)
     assert torch.equal(compiled, row_linear(x * 2, w) + 1)
 
