@@ -19,6 +19,7 @@ OUT/inductor_kernels/), since kernels of one name in two graphs can run differen
 
     python benchmarks/ar_timeline.py [--prompt 512] [--tokens 24] [--out bench_out/ar_timeline]
     python benchmarks/ar_timeline.py --variants 'linear:out_split_k=1;moe:down_block_h=32'   # which kernels a config moves
+    for i in 1 2 3; do python benchmarks/ar_timeline.py --fresh-cache --out bench_out/tl$i; done   # inductor's picks, compile to compile
 
 Acceptance: not applicable (AR steps, no drafts).
 """
@@ -233,7 +234,7 @@ def kernel_listing(out: Path) -> list[dict] | dict:
         # and ran, yet no layer graph's wrapper was among the modules read here. A fresh compile per
         # process, with the listing, takes a fresh TORCHINDUCTOR_CACHE_DIR instead
         error = ("no layer graph's kernels among inductor's loaded modules (under TORCHINDUCTOR_FORCE_DISABLE_CACHES "
-                 "the listing comes out empty: recompile with a fresh TORCHINDUCTOR_CACHE_DIR instead)")
+                 "the listing comes out empty: recompile with a fresh TORCHINDUCTOR_CACHE_DIR instead, --fresh-cache)")
         print(f"inductor's kernels: not listed: {error}")
         return {"error": error}
     report_kernels(kernels)
@@ -242,6 +243,19 @@ def kernel_listing(out: Path) -> list[dict] | dict:
     for row in kernels:
         (sources / f"{row['graph']}-{Path(row['wrapper']).stem[:12]}-{row['kernel'][:150]}.py").write_text(row.pop("source"))
     return kernels
+
+
+def fresh_inductor_cache() -> str:
+    """Point inductor at a new empty cache directory, before anything compiles, so this process
+    generates and tunes every kernel anew (coordinate descent's picks are cached beside the kernels):
+    the way to compare inductor's choices between compiles. Returns the directory."""
+    import os
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="inductor-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    print(f"inductor's cache: {path} (fresh)")
+    return path
 
 
 def report(label: str, result: dict) -> None:
@@ -270,11 +284,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24, help="decoded tokens under the profiler")
     parser.add_argument("--skip", type=int, default=4, help="profiled steps dropped at the start")
     parser.add_argument("--layer-end", default=LAYER_END, help="regex of the last kernel but one of a layer")
+    parser.add_argument("--fresh-cache", action="store_true",
+                        help="compile and tune inductor's kernels anew in an empty TORCHINDUCTOR_CACHE_DIR (its "
+                             "configs still listed, which TORCHINDUCTOR_FORCE_DISABLE_CACHES prevents)")
     parser.add_argument("--variants", default="",
                         help="after the default, the timeline under each of these ';'-separated kernel config "
                              "variants, bench_runner's --split-variants form, e.g. 'linear:out_split_k=1;moe:down_block_h=32' "
                              "(one process, same weights)")
     args = parser.parse_args()
+    if args.fresh_cache:
+        fresh_inductor_cache()
     variants = split_variants(args.variants, "--variants")
     info = env_info()
     print(info)

@@ -4,6 +4,8 @@ real step's kernels would cut them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.ar_timeline import Kernel, exposed, split_layers, split_steps, table
@@ -145,3 +147,21 @@ def test_an_empty_listing_says_why_instead_of_an_empty_table(tmp_path, monkeypat
     got = kernel_listing(tmp_path)
     assert isinstance(got, dict) and "TORCHINDUCTOR_CACHE_DIR" in got["error"]
     assert "not listed" in capsys.readouterr().out
+
+
+def test_fresh_cache_points_inductor_at_an_empty_directory(tmp_path, monkeypatch, capsys):
+    """`--fresh-cache`: inductor's cache directory (and so its kernels and coordinate descent's picks)
+    is a new empty one, as inductor itself reads it."""
+    import tempfile
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    from benchmarks.ar_timeline import fresh_inductor_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/nonexistent-before")
+    path = fresh_inductor_cache()
+    assert cache_dir() == path and not any(Path(path).iterdir())
+    assert path in capsys.readouterr().out
+    assert fresh_inductor_cache() != path
