@@ -234,7 +234,7 @@ def kernel_listing(out: Path) -> list[dict] | dict:
         # and ran, yet no layer graph's wrapper was among the modules read here. A fresh compile per
         # process, with the listing, takes a fresh TORCHINDUCTOR_CACHE_DIR instead
         error = ("no layer graph's kernels among inductor's loaded modules (under TORCHINDUCTOR_FORCE_DISABLE_CACHES "
-                 "the listing comes out empty: recompile with a fresh TORCHINDUCTOR_CACHE_DIR instead, --fresh-cache)")
+                 "the listing comes out empty: recompile in a fresh TORCHINDUCTOR_CACHE_DIR instead, ar_timeline.py --fresh-cache)")
         print(f"inductor's kernels: not listed: {error}")
         return {"error": error}
     report_kernels(kernels)

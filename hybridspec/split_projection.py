@@ -63,8 +63,9 @@ def split_in_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     one per compile); else as `KERNEL_CONFIG.in_split_k` summed partials (`summed_partials`); else
     `F.linear`."""
     cfg = linear_ops.KERNEL_CONFIG
-    flat = x.reshape(-1, x.shape[-1])
-    if cfg.in_row and flat.shape[0] == 1 and fits(flat, weight):
-        return row_linear(flat, weight).view(*x.shape[:-1], -1)
+    if cfg.in_row and x.numel() == x.shape[-1]:
+        flat = x.reshape(1, -1)
+        if fits(flat, weight):
+            return row_linear(flat, weight).view(*x.shape[:-1], -1)
     out = summed_partials(x, weight, cfg.in_split_k)
     return out if out is not None else F.linear(x, weight)

@@ -156,10 +156,10 @@ def test_fresh_cache_points_inductor_at_an_empty_directory(tmp_path, monkeypatch
 
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-
     from benchmarks.ar_timeline import fresh_inductor_cache
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # set through monkeypatch first, so the variable fresh_inductor_cache writes is restored after
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/nonexistent-before")
     path = fresh_inductor_cache()
     assert cache_dir() == path and not any(Path(path).iterdir())

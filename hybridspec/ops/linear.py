@@ -167,7 +167,7 @@ def _launch_rows(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> No
     cfg = KERNEL_CONFIG
     M, K = x.shape
     N = weight.shape[0]
-    bn = max(1, next_pow2(cfg.row_block_n))
+    bn = next_pow2(cfg.row_block_n)
     bk = min(max(16, next_pow2(cfg.row_block_k)), max(16, next_pow2(K)))
     pdl = use_pdl(x)
     row_linear_kernel[(-(-N // bn), M)](

@@ -281,6 +281,37 @@ def test_partials_real_shapes(M, dtype):
 UNSPLIT = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=1, in_split_k=1)
 
 
+def _fused_and_prefilled(family_model: str, seed: int, device: str, lengths: tuple[int, ...]):
+    """A tiny fp32 model of `family_model` (built with `seed`), fused as a Target fuses it on
+    construction (the router's split runs over the block's fused weight), and random token blocks of
+    `lengths` (seeded `seed + 1`), the first of them prefilled by transformers into a verification
+    state. Returns (family, model, state, blocks)."""
+    from transformers import DynamicCache
+
+    from hybridspec.patches import family_of
+    from hybridspec.patches.forward import allocate_state
+    from hybridspec.patches.fusion import fuse_model
+    from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm
+
+    build = qwen35_causal_lm if family_model == "qwen35" else qwen3_next_causal_lm
+    model = build(seed=seed).to(device)
+    family = family_of(model)
+    fuse_model(family, model)
+    g = torch.Generator().manual_seed(seed + 1)
+    blocks = [torch.randint(0, VOCAB, (1, n), generator=g).to(device) for n in lengths]
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(blocks[0], use_cache=True, past_key_values=cache)
+        state = allocate_state(family, model, cache, 32)
+    return family, model, state, blocks
+
+
+def _transformers_hidden(model, prompt: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """Transformers' last hidden states of `block` after `prompt`, in one forward."""
+    with torch.no_grad():
+        return model(torch.cat([prompt, block], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
+
+
 @pytest.mark.parametrize("split", ["out", "router", "in"])
 @pytest.mark.parametrize("family_model", ["qwen35", "qwen3_next"])
 def test_verification_with_split_out_projections(device, monkeypatch, family_model, split):
@@ -289,19 +320,10 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
     ways ("in": the same), or every MoE block's router GEMM split 4 ways and added by
     `route_topk_partials` ("router": one such launch per sparse block), gives the hidden states the
     unsplit path gives, and transformers' (fp32 tiny models)."""
-    from transformers import DynamicCache
-
-    from hybridspec.patches import family_of
     from hybridspec.patches.common import is_sparse_moe
-    from hybridspec.patches.forward import allocate_state, verify_forward
-    from hybridspec.patches.fusion import fuse_model
-    from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm
+    from hybridspec.patches.forward import verify_forward
 
-    build = qwen35_causal_lm if family_model == "qwen35" else qwen3_next_causal_lm
-    model = build(seed=14).to(device)
-    family = family_of(model)
-    # the router's split runs over the block's fused weight (as a Target fuses on construction)
-    fuse_model(family, model)
+    family, model, state, (prompt, block) = _fused_and_prefilled(family_model, 14, device, (7, 5))
     if split in ("out", "in"):
         config = replace(UNSPLIT, **{f"{split}_split_k": 4})
         launch, layers = "small_linear_partials", family.text_config(model).num_hidden_layers
@@ -309,18 +331,13 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
         config, launch = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=4, in_split_k=1), "route_topk_partials"
         layers = sum(is_sparse_moe(layer.mlp) for layer in family.text_model(model).layers)
         assert layers >= 2
-    g = torch.Generator().manual_seed(15)
-    prompt, block = (torch.randint(0, VOCAB, (1, n), generator=g).to(device) for n in (7, 5))
     with torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        model(prompt, use_cache=True, past_key_values=cache)
-        state = allocate_state(family, model, cache, 32)
         monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", UNSPLIT)
         plain, _ = verify_forward(family, model, block, state)
         monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", config)
         with expect_launch(launch, layers):
             got, _ = verify_forward(family, model, block, state)
-        full = model(torch.cat([prompt, block], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
+    full = _transformers_hidden(model, prompt, block)
     assert_rel(got.cpu(), plain.cpu(), 1e-5, "split vs default")
     assert_rel(got.cpu(), full.cpu(), 1e-5, "split vs transformers")
 
@@ -391,31 +408,18 @@ def test_one_row_input_projections_through_row_linear(device, monkeypatch, famil
     """With `in_row` on, a one-token verification (the AR step) runs every mixer's fused input
     projection as one `row_linear` launch and gives the hidden states of the default path and of
     transformers (fp32 tiny models); a block of several tokens does not take it."""
-    from transformers import DynamicCache
+    from hybridspec.patches.forward import verify_forward
 
-    from hybridspec.patches import family_of
-    from hybridspec.patches.forward import allocate_state, verify_forward
-    from hybridspec.patches.fusion import fuse_model
-    from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm
-
-    build = qwen35_causal_lm if family_model == "qwen35" else qwen3_next_causal_lm
-    model = build(seed=21).to(device)
-    family = family_of(model)
-    fuse_model(family, model)
+    family, model, state, (prompt, token, block) = _fused_and_prefilled(family_model, 21, device, (7, 1, 3))
     layers = family.text_config(model).num_hidden_layers
-    g = torch.Generator().manual_seed(22)
-    prompt, token, block = (torch.randint(0, VOCAB, (1, n), generator=g).to(device) for n in (7, 1, 3))
     with torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        model(prompt, use_cache=True, past_key_values=cache)
-        state = allocate_state(family, model, cache, 32)
         plain, _ = verify_forward(family, model, token, state)
         monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(in_row=1))
         with expect_launch("row_linear", layers):
             got, _ = verify_forward(family, model, token, state)
         with expect_launch("row_linear", 0):
             verify_forward(family, model, block, state)
-        full = model(torch.cat([prompt, token], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
+    full = _transformers_hidden(model, prompt, token)
     assert_rel(got.cpu(), plain.cpu(), 1e-5, "row_linear vs default")
     assert_rel(got.cpu(), full.cpu(), 1e-5, "row_linear vs transformers")
 
