@@ -82,6 +82,8 @@ from hybridspec.shapes import build_drafter, build_target  # noqa: E402
 
 W = 16
 # what this script's figures rest on (every result says whether its acceptance is simulated or real)
+# every AR variant row carries its own label, so a row read alone says it
+AR_ROW_ACCEPTANCE = "not applicable (AR step, no drafts)"
 ACCEPTANCE = ("AR, C(w) and the split: not applicable (no drafts are accepted); spec_host and rounds: simulated "
               "(replay drafter on random weights, at w = 16, at each fixed length and under the built-in policy; "
               "the target's own acceptance of random drafts, about one token a round)")
@@ -703,7 +705,8 @@ def ar_variants(model, prompt, new, variants: list[tuple[str, dict]], reference:
     for kind, changes in variants:
         with config_variant(kind, changes):
             ms, _, out, parts = our_ar(model, prompt, new)
-        rows.append(dict(kind=kind, variant=changes, ms_per_token=ms, same_tokens=bool(torch.equal(out, reference)),
+        rows.append(dict(kind=kind, variant=changes, acceptance=AR_ROW_ACCEPTANCE, ms_per_token=ms,
+                         same_tokens=bool(torch.equal(out, reference)),
                          replays_only_ms_per_token=parts["replays_only_ms_per_token"], gpu_state=parts["gpu_state"]))
     return rows
 
