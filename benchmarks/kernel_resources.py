@@ -178,20 +178,6 @@ def small_linear(rows: int = 1, **changes):
                         ints=dict(M=rows, N=2048, K=4096, k_span=4096 // cfg.out_split_k, s_xm=4096, s_wn=4096))
 
 
-def row_linear(N: int = 12352, **changes):
-    """`row_linear_kernel` on one row at the default `LinearKernelConfig` with `changes`, as the GDN
-    fused input projection (2048 -> 12,352; `in_row`), bf16 out."""
-    from dataclasses import replace
-
-    from hybridspec.ops.linear import KERNEL_CONFIG
-    from hybridspec.ops.linear_triton import row_linear_kernel
-
-    cfg = replace(KERNEL_CONFIG, **changes)
-    return compile_sm90(row_linear_kernel, "bf16",
-                        dict(BLOCK_N=cfg.row_block_n, BLOCK_K=cfg.row_block_k, INTERPRET_BF16=False, USE_PDL=True),
-                        num_warps=cfg.row_warps, num_stages=1, ints=dict(N=N, K=2048, s_xm=2048, s_wn=2048))
-
-
 # name -> (what it is, how to compile it); "AR": one row (the AR step), "round": 16 rows
 ROWS = {
     "gdn_verify 16-row BV32 BK64 w4 AR": ("the AR step's form today (one_row off)", lambda: verify(False)),
@@ -218,11 +204,6 @@ ROWS = {
                                 small_linear),
     "small_linear num_stages=3 AR": ("one pipelined tile fewer", lambda: small_linear(num_stages=3)),
     "small_linear block_k=128 AR": ("a narrower K step", lambda: small_linear(block_k=128)),
-    "row_linear default AR": ("the GDN input projection at one row (in_row), LinearKernelConfig's row tile",
-                              row_linear),
-    "row_linear row_block_n=2 AR": ("two features a program (inductor's attention pick on d10c20b)",
-                                    lambda: row_linear(row_block_n=2)),
-    "row_linear row_block_n=8,row_warps=8 AR": ("eight features, 8 warps", lambda: row_linear(row_block_n=8, row_warps=8)),
 }
 
 

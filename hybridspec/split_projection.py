@@ -22,9 +22,9 @@ an 11.9 us bound at one row, before coordinate-descent tuning: with it, inductor
 the sum fuses into the conv, gates and norm that read it.
 Measured on the H200 (`benchmarks/bench_runner.py --ar-linear "in_split_k=2;in_split_k=4"`, 2026-12-06):
 the AR step took 3.233 and 3.420 ms against 3.090 with cuBLAS (one process; two since-removed
-experiments were on in every row), so it stays off. `LinearKernelConfig.in_row` (off by default)
-runs the one-row input projection as `row_linear` instead: inductor's reduction form with a fixed
-tile, not one tuned per compile.
+experiments were on in every row), so it stays off. A one-row register-tile kernel with a fixed tile
+(`row_linear`, 4 features x 1,024 columns, 16 warps) lost to inductor's tuned reduction on an H100
+(3.469 against 3.329 ms; docs/ar-step-levers.md) and was removed.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from hybridspec.fused import plain_unsharded
 from hybridspec.ops import linear as linear_ops
-from hybridspec.ops import row_linear, small_linear_partials
+from hybridspec.ops import small_linear_partials
 from hybridspec.ops.linear import fits
 
 
@@ -58,14 +58,7 @@ def split_out_projection(linear, x: torch.Tensor) -> torch.Tensor | None:
 
 
 def split_in_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`F.linear(x, weight)` for a mixer's fused input projection (`project(..., gemm=split_in_gemm)`):
-    at one row with `KERNEL_CONFIG.in_row` on, `row_linear` (a fixed tile where inductor would tune
-    one per compile); else as `KERNEL_CONFIG.in_split_k` summed partials (`summed_partials`); else
-    `F.linear`."""
-    cfg = linear_ops.KERNEL_CONFIG
-    if cfg.in_row and x.numel() == x.shape[-1]:
-        flat = x.reshape(1, -1)
-        if fits(flat, weight):
-            return row_linear(flat, weight).view(*x.shape[:-1], -1)
-    out = summed_partials(x, weight, cfg.in_split_k)
+    """`F.linear(x, weight)` for a mixer's fused input projection (`project(..., gemm=split_in_gemm)`)
+    as `KERNEL_CONFIG.in_split_k` summed partials (`summed_partials`), else `F.linear`."""
+    out = summed_partials(x, weight, linear_ops.KERNEL_CONFIG.in_split_k)
     return out if out is not None else F.linear(x, weight)

@@ -52,9 +52,6 @@ def test_the_other_kernels_compile_for_sm90_with_pdl():
     kernels = [
         compile_sm90(linear_triton.small_linear_kernel, "bf16",
                      dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, PRECISION="tf32", UPCAST=False, INTERPRET_BF16=False, **pdl)),
-        # the one-row input projection's kernel (`in_row`), bf16 and fp32
-        *(compile_sm90(linear_triton.row_linear_kernel, dtype, dict(BLOCK_N=4, BLOCK_K=1024, INTERPRET_BF16=False, **pdl),
-                       num_warps=16, num_stages=1) for dtype in ("bf16", "fp32")),
         compile_sm90(route_triton.route_topk_kernel, "bf16", dict(EP=256, K=8, KP=8, NORMALIZE=True, INTERPRET_BF16=False, **pdl),
                      types={"ids_ptr": "*i64"}, num_warps=1),
         route_partials_sm90(),

@@ -11,10 +11,6 @@ than `F.linear`.
 partial sums `[splits, M, N]` that the caller adds (in a compiled region the add, the rounding and
 whatever follows, a residual add and a norm, fuse into the consumer's kernel: split-K without a
 second launch).
-
-`hybridspec::row_linear` is the same product for one row without tensor cores (`row_linear_kernel`:
-register tiles, one sum along K at the end), for the mixers' input projections at the AR step
-(`LinearKernelConfig.in_row`, off by default).
 """
 
 from __future__ import annotations
@@ -69,16 +65,6 @@ class LinearKernelConfig:
     # 1: `F.linear` (cuBLAS, or inductor's reduction at one row), which the H200 measured faster (AR step 3.090 ms against 3.233 at 2 and 3.420 at 4, one
     # process, with two since-removed experiments on in every row: docs/benchmarks.md, 2026-12-06)
     in_split_k: int = 1
-    # 1: the mixers' fused input projections at one row (the AR step) as `row_linear`, whose tile is
-    # fixed: `row_block_n` features x `row_block_k` columns, `row_warps` warps. 0: `F.linear`, which
-    # inductor lowers at one row to a reduction kernel of the same form whose tile coordinate descent
-    # picks anew on each compile; three compiles on one H100 put that kernel at 17.3-18.9 us (GDN)
-    # and 13.5-15.3 us (attention) a layer (docs/benchmarks.md, 2026-12-07, late). Off by default
-    # until a GPU has timed it (`bench_runner.py --ar-linear "in_row=1;in_row=0"`).
-    in_row: int = 0
-    row_block_n: int = 4
-    row_block_k: int = 1024
-    row_warps: int = 16
 
 
 KERNEL_CONFIG = LinearKernelConfig()
@@ -160,38 +146,6 @@ def _(x, weight, splits):
     return x.new_empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32)
 
 
-def _launch_rows(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
-    """`row_linear_kernel` into `out` `[M, N]`: one program per (`row_block_n` features, row)."""
-    from hybridspec.ops.linear_triton import row_linear_kernel
-
-    cfg = KERNEL_CONFIG
-    M, K = x.shape
-    N = weight.shape[0]
-    bn = next_pow2(cfg.row_block_n)
-    bk = min(max(16, next_pow2(cfg.row_block_k)), max(16, next_pow2(K)))
-    pdl = use_pdl(x)
-    row_linear_kernel[(-(-N // bn), M)](
-        x, weight, out, N, K, x.stride(0), weight.stride(0),
-        BLOCK_N=bn, BLOCK_K=bk, INTERPRET_BF16=TRITON_INTERPRET and out.dtype == torch.bfloat16,
-        USE_PDL=pdl, num_warps=cfg.row_warps, **pdl_launch(pdl),
-    )
-
-
-@torch.library.custom_op("hybridspec::row_linear", mutates_args=(), device_types=None)
-def _row_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if not use_triton(x):
-        return naive_linear.small_linear(x, weight)
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    _launch_rows(x, weight, out)
-    count_launch("row_linear")
-    return out
-
-
-@_row_linear_op.register_fake
-def _(x, weight):
-    return x.new_empty(x.shape[0], weight.shape[0])
-
-
 def _last_dim_ok(t: torch.Tensor) -> bool:
     # one column is read at offset 0 whatever its stride
     return t.stride(1) == 1 or t.shape[1] == 1
@@ -231,17 +185,6 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """
     _check_inputs(x, weight)
     return _small_linear_op(x, weight)
-
-
-def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`x @ weight.T` for one row (or a few) without tensor cores: each program multiplies
-    `KERNEL_CONFIG.row_block_n` weight rows by the row of x in registers, fp32 products summed in a
-    fixed order, rounded once. Inputs and result as `small_linear`'s (the same checks, the same
-    twin); fp32 inputs multiply in plain fp32. For a projection at one row, where `small_linear`'s
-    16-row dot tile is 15/16 padding: the tile is the one inductor's one-row reduction would use,
-    fixed instead of tuned per compile (`LinearKernelConfig.in_row`)."""
-    _check_inputs(x, weight)
-    return _row_linear_op(x, weight)
 
 
 def small_linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:

@@ -67,37 +67,3 @@ def small_linear_kernel(
         acc = _round_bf16(acc)
     out = out_ptr + (tl.program_id(2) * M + rows[:, None]) * N + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def row_linear_kernel(
-    x_ptr, w_ptr, out_ptr,
-    N, K,
-    s_xm, s_wn,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET_BF16: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    """`row_linear`: program (i_n, m) owns output features [i_n * BLOCK_N, (i_n + 1) * BLOCK_N) of
-    row m. It walks K in BLOCK_K steps, adding the fp32 products of a `[BLOCK_N, BLOCK_K]` weight tile
-    and the row's slice of x into a register tile of the same shape, and sums that tile along K once
-    at the end. No tensor cores and no shared memory: the loads go straight to registers, the form
-    inductor gives a one-row `mm` under coordinate-descent tuning, with the tile fixed here instead
-    of picked per compile (docs/ar-step-levers.md, "The input projections' inductor configs")."""
-    pdl_enter(USE_PDL)
-    i_n = tl.program_id(0)
-    m = tl.program_id(1)
-    cols = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    w_base = w_ptr + cols[:, None].to(tl.int64) * s_wn
-    x_base = x_ptr + m.to(tl.int64) * s_xm
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ck = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ck < K
-        x = tl.load(x_base + ck, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
-        w = tl.load(w_base + ck[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        acc += w * x[None, :]
-    y = tl.sum(acc, axis=1)  # [BLOCK_N]
-    # the interpreter's fp32 -> bf16 cast truncates; the GPU's rounds to nearest even
-    if INTERPRET_BF16:
-        y = _round_bf16(y)
-    tl.store(out_ptr + m.to(tl.int64) * N + cols, y.to(out_ptr.dtype.element_ty), mask=col_ok)

@@ -1,8 +1,7 @@
 """small_linear kernel against the naive twin (hybridspec.ops.naive_linear: fp32 accumulation,
 one rounding), on row-strided inputs and row slices of wider weights, and `fits`; its split-K form
 `small_linear_partials` against its twin, and `split_out_projection` built on it (the target's
-mixers and the drafter's layers); the one-row form `row_linear` against the same twin, and the
-mixers' input projections through it (`LinearKernelConfig.in_row`)."""
+mixers and the drafter's layers)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hybridspec.ops import linear as linear_ops
-from hybridspec.ops import naive_linear, row_linear, small_linear, small_linear_partials
+from hybridspec.ops import naive_linear, small_linear, small_linear_partials
 from hybridspec.ops.dispatch import use_triton
 from hybridspec.ops.linear import fits
 from tests.helpers import assert_rel
@@ -281,37 +280,6 @@ def test_partials_real_shapes(M, dtype):
 UNSPLIT = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=1, in_split_k=1)
 
 
-def _fused_and_prefilled(family_model: str, seed: int, device: str, lengths: tuple[int, ...]):
-    """A tiny fp32 model of `family_model` (built with `seed`), fused as a Target fuses it on
-    construction (the router's split runs over the block's fused weight), and random token blocks of
-    `lengths` (seeded `seed + 1`), the first of them prefilled by transformers into a verification
-    state. Returns (family, model, state, blocks)."""
-    from transformers import DynamicCache
-
-    from hybridspec.patches import family_of
-    from hybridspec.patches.forward import allocate_state
-    from hybridspec.patches.fusion import fuse_model
-    from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm
-
-    build = qwen35_causal_lm if family_model == "qwen35" else qwen3_next_causal_lm
-    model = build(seed=seed).to(device)
-    family = family_of(model)
-    fuse_model(family, model)
-    g = torch.Generator().manual_seed(seed + 1)
-    blocks = [torch.randint(0, VOCAB, (1, n), generator=g).to(device) for n in lengths]
-    with torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        model(blocks[0], use_cache=True, past_key_values=cache)
-        state = allocate_state(family, model, cache, 32)
-    return family, model, state, blocks
-
-
-def _transformers_hidden(model, prompt: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-    """Transformers' last hidden states of `block` after `prompt`, in one forward."""
-    with torch.no_grad():
-        return model(torch.cat([prompt, block], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
-
-
 @pytest.mark.parametrize("split", ["out", "router", "in"])
 @pytest.mark.parametrize("family_model", ["qwen35", "qwen3_next"])
 def test_verification_with_split_out_projections(device, monkeypatch, family_model, split):
@@ -320,10 +288,19 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
     ways ("in": the same), or every MoE block's router GEMM split 4 ways and added by
     `route_topk_partials` ("router": one such launch per sparse block), gives the hidden states the
     unsplit path gives, and transformers' (fp32 tiny models)."""
-    from hybridspec.patches.common import is_sparse_moe
-    from hybridspec.patches.forward import verify_forward
+    from transformers import DynamicCache
 
-    family, model, state, (prompt, block) = _fused_and_prefilled(family_model, 14, device, (7, 5))
+    from hybridspec.patches import family_of
+    from hybridspec.patches.common import is_sparse_moe
+    from hybridspec.patches.forward import allocate_state, verify_forward
+    from hybridspec.patches.fusion import fuse_model
+    from tests.models import VOCAB, qwen3_next_causal_lm, qwen35_causal_lm
+
+    build = qwen35_causal_lm if family_model == "qwen35" else qwen3_next_causal_lm
+    model = build(seed=14).to(device)
+    family = family_of(model)
+    # the router's split runs over the block's fused weight (as a Target fuses on construction)
+    fuse_model(family, model)
     if split in ("out", "in"):
         config = replace(UNSPLIT, **{f"{split}_split_k": 4})
         launch, layers = "small_linear_partials", family.text_config(model).num_hidden_layers
@@ -331,97 +308,20 @@ def test_verification_with_split_out_projections(device, monkeypatch, family_mod
         config, launch = linear_ops.LinearKernelConfig(out_split_k=1, router_split_k=4, in_split_k=1), "route_topk_partials"
         layers = sum(is_sparse_moe(layer.mlp) for layer in family.text_model(model).layers)
         assert layers >= 2
+    g = torch.Generator().manual_seed(15)
+    prompt, block = (torch.randint(0, VOCAB, (1, n), generator=g).to(device) for n in (7, 5))
     with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(prompt, use_cache=True, past_key_values=cache)
+        state = allocate_state(family, model, cache, 32)
         monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", UNSPLIT)
         plain, _ = verify_forward(family, model, block, state)
         monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", config)
         with expect_launch(launch, layers):
             got, _ = verify_forward(family, model, block, state)
-    full = _transformers_hidden(model, prompt, block)
+        full = model(torch.cat([prompt, block], 1), output_hidden_states=True).hidden_states[-1][:, prompt.shape[1]:]
     assert_rel(got.cpu(), plain.cpu(), 1e-5, "split vs default")
     assert_rel(got.cpu(), full.cpu(), 1e-5, "split vs transformers")
-
-
-def _run_rows(case: LinearCase, device: str):
-    x, w = make_inputs(case, device)
-    with expect_launch("row_linear"):
-        got = row_linear(x, w)
-    return x, w, got
-
-
-# tiles the hypothesis cases draw: one feature a program, the default, and more than N; K steps
-# below, at and above K
-ROW_TILES = st.builds(lambda n, k, warps: linear_ops.LinearKernelConfig(row_block_n=n, row_block_k=k, row_warps=warps),
-                      st.sampled_from([1, 4, 8]), st.sampled_from([16, 64, 1024]), st.sampled_from([1, 4]))
-
-
-@settings(max_examples=15)
-@given(case=linear_cases(), tiles=ROW_TILES)
-@example(case=LinearCase(M=1, N=100, K=300, dtype=torch.bfloat16, seed=0, x_pad=5, w_off=9, w_pad=4),
-         tiles=linear_ops.LinearKernelConfig())
-@example(case=LinearCase(M=1, N=1, K=1, dtype=torch.float16, seed=2, w_off=2), tiles=linear_ops.LinearKernelConfig())
-@example(case=LinearCase(M=5, N=33, K=40, dtype=torch.float32, seed=1), tiles=linear_ops.LinearKernelConfig(row_block_n=8, row_block_k=16))
-def test_row_linear_matches_naive(device, case, tiles):
-    """Any rows, strides and tiles; NaN outside the inputs (`make_inputs`) fails a read past a mask."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(linear_ops, "KERNEL_CONFIG", tiles)
-        x, w, got = _run_rows(case, device)
-    check_against_naive(case, x, w, got)
-
-
-def test_row_linear_deterministic_opcheck_and_compiles(device):
-    x, w = make_inputs(LinearCase(M=1, N=40, K=300, dtype=torch.bfloat16, seed=3, x_pad=3, w_off=2, w_pad=4), device)
-    first = row_linear(x, w)
-    assert torch.equal(first, row_linear(x, w))
-    # one dtype: opcheck's checks are of the registration, and the property test covers fp32
-    torch.library.opcheck(torch.ops.hybridspec.row_linear.default, (x, w))
-    compiled = torch.compile(lambda x, w: row_linear(x * 2, w) + 1, fullgraph=True)(x, w)
-    assert torch.equal(compiled, row_linear(x * 2, w) + 1)
-
-
-def test_row_linear_validates():
-    """The same checks as `small_linear` (one shared `_check_inputs`)."""
-    x, w = make_inputs(LinearCase(M=3, N=20, K=16, dtype=torch.float32, seed=7), "cpu")
-    with pytest.raises(ValueError, match=r"weight must be \[N, K\] = \[N, 16\]"):
-        row_linear(x, w[:, :8])
-    with pytest.raises(ValueError, match=r"at most 64 rows"):
-        row_linear(x.new_zeros(65, 16), w)
-    with pytest.raises(ValueError, match="must have x's dtype"):
-        row_linear(x, w.bfloat16())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("N", [12352, 9216, 257])
-def test_row_linear_real_shapes(N, dtype):
-    """The 35B-A3B mixers' fused input projections at one row (GDN 12,352 x 2,048; attention q+gate,
-    k, v 9,216 x 2,048) and an N one past a tile, against the twin and F.linear."""
-    case = LinearCase(M=1, N=N, K=2048, dtype=dtype, seed=N)
-    x, w, got = _run_rows(case, "cuda")
-    check_against_naive(case, x, w, got)
-    assert torch.equal(got, row_linear(x, w))
-    assert_rel(got, F.linear(x, w), TOL[dtype], "vs F.linear")
-
-
-@pytest.mark.parametrize("family_model", ["qwen35", "qwen3_next"])
-def test_one_row_input_projections_through_row_linear(device, monkeypatch, family_model):
-    """With `in_row` on, a one-token verification (the AR step) runs every mixer's fused input
-    projection as one `row_linear` launch and gives the hidden states of the default path and of
-    transformers (fp32 tiny models); a block of several tokens does not take it."""
-    from hybridspec.patches.forward import verify_forward
-
-    family, model, state, (prompt, token, block) = _fused_and_prefilled(family_model, 21, device, (7, 1, 3))
-    layers = family.text_config(model).num_hidden_layers
-    with torch.no_grad():
-        plain, _ = verify_forward(family, model, token, state)
-        monkeypatch.setattr(linear_ops, "KERNEL_CONFIG", linear_ops.LinearKernelConfig(in_row=1))
-        with expect_launch("row_linear", layers):
-            got, _ = verify_forward(family, model, token, state)
-        with expect_launch("row_linear", 0):
-            verify_forward(family, model, block, state)
-    full = _transformers_hidden(model, prompt, token)
-    assert_rel(got.cpu(), plain.cpu(), 1e-5, "row_linear vs default")
-    assert_rel(got.cpu(), full.cpu(), 1e-5, "row_linear vs transformers")
 
 
 def test_stage0_routes_split_router_as_the_default(device, monkeypatch):
