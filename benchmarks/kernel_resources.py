@@ -180,11 +180,11 @@ def small_linear(rows: int = 1, **changes):
 
 # name -> (what it is, how to compile it); "AR": one row (the AR step), "round": 16 rows
 ROWS = {
-    "gdn_verify 16-row BV32 BK64 w4 AR": ("the AR step's form today (one_row off)", lambda: verify(False)),
+    "gdn_verify 16-row BV32 BK64 w4 AR": ("the AR step's form with one_row off", lambda: verify(False)),
     "gdn_verify 16-row BV32 BK64 w4 round": ("the verification rounds' form", lambda: verify(False, rows=16)),
     "gdn_verify 16-row BV32 BK64 w8 round": ("8 warps", lambda: verify(False, num_warps=8, rows=16)),
     "gdn_verify 16-row BV32 BK32 w4 round": ("a narrower key chunk", lambda: verify(False, BK=32, rows=16)),
-    "gdn_verify one-row BV32 BK64 w4 AR": ("the AR step's one-row form (VERIFY_CONFIG one_row)", lambda: verify(True)),
+    "gdn_verify one-row BV32 BK64 w4 AR": ("the AR step's one-row form (VERIFY_CONFIG one_row, the default)", lambda: verify(True)),
     "gdn_verify_gated BK32 w8 AR": ("the one-row verify with the gated norm (VERIFY_CONFIG gated_one_row)",
                                     verify_gated),
     "gdn_verify_gated BK32 w4 AR": ("4 warps", lambda: verify_gated(num_warps=4)),
