@@ -856,8 +856,10 @@ def main() -> None:
     def finish() -> None:
         """The AR row with uncompiled layers, after everything else is timed, then the JSON. That row
         allocates and frees far more memory than the others, and rows timed after it in one process ran
-        0.04-0.08 ms a token slower than the first AR row, against 0.02 with it left out
-        (docs/benchmarks.md, "The order effect traced"): so nothing timed follows it."""
+        0.04-0.08 ms a token slower than the first AR row (docs/benchmarks.md, "The order effect
+        traced"), so nothing timed follows it. It is not the whole order effect: with it left out, later
+        rows still ran 0.02 ms slower in one process and 0.05-0.07 in the next ("The one-row verify on
+        by default"), so A/B rows alternate."""
         if not args.skip_uncompiled:
             eager_ms, _, eager_out, _ = our_ar(model, prompt, args.new, compile=False)
             result["ar"].update(ours_uncompiled_layers_ms_per_token=eager_ms,
