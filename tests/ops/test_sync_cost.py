@@ -1,6 +1,6 @@
-"""`benchmarks/sync_cost.py`'s kernels under the interpreter, on one program (the interpreter runs
-programs one after another, so the spinning ones cannot meet across programs there): each leaves
-the end state the GPU run checks, and the edges add one per launch."""
+"""`benchmarks/sync_cost.py`'s kernels: under the interpreter on one program (it runs programs one
+after another, so spinning programs cannot meet across programs there), each leaving the end state
+the GPU run checks and the edges adding one per launch; on a GPU (`gpu`), on every SM at once."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import torch
 
 from hybridspec.ops.dispatch import TRITON_INTERPRET
 
-pytestmark = pytest.mark.skipif(not TRITON_INTERPRET, reason="the kernels run on the CPU under TRITON_INTERPRET=1 only")
+interpreted = pytest.mark.skipif(not TRITON_INTERPRET, reason="the kernels run on the CPU under TRITON_INTERPRET=1 only")
 
 
+@interpreted
 def test_edges_add_one_per_launch():
     from benchmarks.sync_cost import edges
 
@@ -20,6 +21,7 @@ def test_edges_add_one_per_launch():
     assert buf.tolist() == [9, 2, 4]
 
 
+@interpreted
 @pytest.mark.parametrize("n", [1, 7])
 def test_one_program_passes_the_flag_n_times(n):
     from benchmarks.sync_cost import hops
@@ -29,6 +31,7 @@ def test_one_program_passes_the_flag_n_times(n):
     assert flag.item() == n
 
 
+@interpreted
 @pytest.mark.parametrize("n", [1, 5])
 def test_one_program_meets_itself_n_times(n):
     from benchmarks.sync_cost import barriers
@@ -47,3 +50,18 @@ def test_it_refuses_to_run_without_cuda(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["sync_cost.py"])
     with pytest.raises(SystemExit, match="CUDA is not available"):
         sync_cost.main()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or TRITON_INTERPRET, reason="needs CUDA, not interpreted")
+def test_every_sm_passes_the_flag_and_meets_on_cuda():
+    from benchmarks.sync_cost import barriers, hops
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    hops(flag, sms, 5 * sms + 3)
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    barriers(count, sms, 9)
+    torch.cuda.synchronize()
+    assert flag.item() == 5 * sms + 3
+    assert count.item() == 9 * sms
