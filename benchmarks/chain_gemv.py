@@ -8,7 +8,9 @@ weights, one row, outputs rounded to bf16, every row inside a CUDA graph, the sa
 
 - `small_linear` (PDL): L launches of the project's own GEMV kernel, as the AR step launches its
   output projections (one split of K: each output summed by one program).
-- `F.linear` (cuBLAS): L launches, for reference.
+- `F.linear` (cuBLAS): L launches, for reference. (The AR step splits its output projections' K
+  four ways and sums the splits in the consumer's kernel; a chain has no consumer kernel to sum
+  in, so both sides here take one split.)
 - `persistent`: one launch of one program per SM. Program p computes the output tiles p, p + P,
   ... of each layer with the same tiles and the same K order as `small_linear` (so the same bits),
   then adds one to the layer's counter (release, after a block barrier); before a layer it waits
