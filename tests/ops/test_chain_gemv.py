@@ -1,7 +1,8 @@
-"""`benchmarks/chain_gemv.py`'s persistent chain under the interpreter, on one program (the
-interpreter runs programs one after another, so programs cannot wait for each other there): the
-same bits as one `small_linear` launch a layer, with and without the weights loaded before the
-wait, and every program count on a GPU (`gpu`)."""
+"""`benchmarks/chain_gemv.py`'s chains: under the interpreter on one program (it runs programs one
+after another, so programs cannot wait for each other there), every form of a chain gives the same
+bits as its reference row (one `small_linear` launch a layer; a norm kernel and `small_linear`), with
+and without the weights loaded before the wait, and the product it claims; on a GPU (`gpu`), one
+program per SM gives the reference's result."""
 
 from __future__ import annotations
 
@@ -15,41 +16,70 @@ def _chain(device, L=3, D=512, seed=0):
     gen = torch.Generator().manual_seed(seed)
     weights = (torch.randn(L, D, D, generator=gen) / D**0.5).to(torch.bfloat16).to(device)
     x = torch.randn(D, generator=gen).to(torch.bfloat16).to(device)
-    return x, weights
+    g = (0.1 * torch.randn(D, generator=gen)).to(torch.bfloat16).to(device)
+    return x, weights, g
 
 
-@pytest.mark.skipif(not TRITON_INTERPRET, reason="one program under TRITON_INTERPRET=1; the gpu test covers CUDA")
+def _reference(x, weights, g=None, eps=1e-6):
+    """fp32 products, each layer's output (and normed input) rounded to bf16."""
+    y, out = x.float(), [x.float()]
+    for w in weights:
+        if g is not None:
+            y = (y * torch.rsqrt(y.pow(2).mean() + eps) * (1 + g.float())).to(torch.bfloat16).float()
+        y = (w.float() @ y).to(torch.bfloat16).float()
+        out.append(y)
+    return torch.stack(out)
+
+
+interpreted = pytest.mark.skipif(not TRITON_INTERPRET, reason="one program under TRITON_INTERPRET=1; the gpu tests cover CUDA")
+
+
+@interpreted
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_one_program_gives_small_linears_bits(prefetch):
+def test_one_persistent_program_gives_small_linears_bits(prefetch):
     from benchmarks.chain_gemv import launched_chain, persistent_chain
     from hybridspec.ops.linear import small_linear
 
-    x, weights = _chain("cpu")
-    got = persistent_chain(x, weights, 1, prefetch)
-    want = launched_chain(x, weights, small_linear)
+    x, weights, _ = _chain("cpu")
+    got = torch.stack(persistent_chain(x, weights, 1, prefetch))
+    want = torch.stack(launched_chain(x, weights, small_linear))
     assert torch.equal(got, want)
-    # and the chain is the product it claims, to bf16 rounding
-    ref = x.float()
-    for w in weights:
-        ref = (w.float() @ ref).to(torch.bfloat16).float()
-    torch.testing.assert_close(got[-1].float(), ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got.float(), _reference(x, weights), rtol=2e-2, atol=2e-2)
+
+
+@interpreted
+@pytest.mark.parametrize("form", ["fused", "persistent", "persistent-prefetch"])
+def test_every_normed_form_gives_the_two_launch_forms_bits(form):
+    from benchmarks.chain_gemv import normed_launched_chain, persistent_chain
+
+    x, weights, g = _chain("cpu", seed=1)
+    want = torch.stack(normed_launched_chain(x, weights, g, fused=False))
+    if form == "fused":
+        got = normed_launched_chain(x, weights, g, fused=True)
+    else:
+        got = persistent_chain(x, weights, 1, form.endswith("prefetch"), g)
+    assert torch.equal(torch.stack(got), want)
+    torch.testing.assert_close(want.float(), _reference(x, weights, g), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available() or TRITON_INTERPRET, reason="needs CUDA, not interpreted")
 @pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("D", [512, 4096])
-def test_every_sm_gives_small_linears_result_on_cuda(prefetch, D):
-    from benchmarks.chain_gemv import launched_chain, persistent_chain
+def test_every_sm_gives_the_references_result_on_cuda(prefetch, norm, D):
+    from benchmarks.chain_gemv import launched_chain, normed_launched_chain, persistent_chain
     from hybridspec.ops.linear import small_linear
 
-    x, weights = _chain("cuda", L=8, D=D)
+    x, weights, g = _chain("cuda", L=8, D=D)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    want = launched_chain(x, weights, small_linear)
+    if norm:
+        want = torch.stack(normed_launched_chain(x, weights, g, fused=False)).float()
+    else:
+        want = torch.stack(launched_chain(x, weights, small_linear)).float()
     for _ in range(3):
-        got = persistent_chain(x, weights, sms, prefetch)
-        err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-        assert err < 1e-2
+        got = torch.stack(persistent_chain(x, weights, sms, prefetch, g if norm else None)).float()
+        assert ((got - want).norm() / want.norm()).item() < 1e-2
 
 
 def test_shapes_are_checked():
