@@ -231,7 +231,7 @@ def normed_launched_chain(x: torch.Tensor, weights: torch.Tensor, norm_weight: t
 
 
 def main() -> None:
-    from benchmarks.common import capture, env_info, print_table, time_ms, write_json
+    from benchmarks.common import capture, print_table, start_gpu_run, time_ms, write_json
     from hybridspec.ops.linear import small_linear
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -239,11 +239,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--out", default="bench_out/chain_gemv")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("chain_gemv.py measures a GPU: CUDA is not available")
-    info = env_info()
-    print(info)
-    print(f"acceptance: {ACCEPTANCE}")
+    info = start_gpu_run("chain_gemv.py", ACCEPTANCE)
     torch.backends.cuda.matmul.allow_tf32 = False
     L, D = args.layers, args.dim
     gen = torch.Generator(device="cuda").manual_seed(0)

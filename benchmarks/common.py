@@ -167,6 +167,17 @@ def env_info() -> dict:
     return info
 
 
+def start_gpu_run(script: str, acceptance: str) -> dict:
+    """A GPU benchmark's opening: stop with a clear message where CUDA is missing, then print the
+    environment and the acceptance line every results file carries. Returns the environment."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script} measures a GPU: CUDA is not available")
+    info = env_info()
+    print(info)
+    print(f"acceptance: {acceptance}")
+    return info
+
+
 def write_json(path: str | os.PathLike, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -105,16 +105,12 @@ def slope_us(run, counts: tuple[int, int]) -> tuple[float, list[float]]:
 
 
 def main() -> None:
-    from benchmarks.common import env_info, print_table, write_json
+    from benchmarks.common import print_table, start_gpu_run, write_json
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench_out/sync_cost")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("sync_cost.py measures a GPU: CUDA is not available")
-    info = env_info()
-    print(info)
-    print(f"acceptance: {ACCEPTANCE}")
+    info = start_gpu_run("sync_cost.py", ACCEPTANCE)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for programs in (1, sms):
