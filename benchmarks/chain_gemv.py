@@ -13,7 +13,9 @@ weights, one row, outputs rounded to bf16, every row inside a CUDA graph, the sa
 - `small_linear` (PDL): L launches of the project's own GEMV kernel, one split of K (each output
   summed by one program). The AR step splits its output projections' K four ways and sums them in
   the consumer's kernel; a chain has no consumer kernel, so every row here takes one split.
-- `F.linear` (cuBLAS): L launches, for reference.
+- `F.linear` (cuBLAS): L launches, for reference; and `F.linear` compiled with the runner's
+  layer options, which at one row is inductor's tuned reduction kernel (the AR step's input
+  projections run there, at ~2.9 TB/s on an H100).
 - persistent: one launch of one program per SM. Program p computes the output tiles p, p + P, ...
   of each layer with `small_linear`'s tiles and K order (so the same bits), then adds one to the
   layer's counter (release, after a block barrier); before a layer it waits until the previous
@@ -232,6 +234,7 @@ def normed_launched_chain(x: torch.Tensor, weights: torch.Tensor, norm_weight: t
 
 def main() -> None:
     from benchmarks.common import capture, print_table, start_gpu_run, time_ms, write_json
+    from hybridspec.ops.dispatch import layer_options
     from hybridspec.ops.linear import small_linear
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -248,12 +251,17 @@ def main() -> None:
     g = (0.1 * torch.randn(D, device="cuda", generator=gen)).to(torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bytes_per_layer = D * D * weights.element_size()
+    # the runner's compile options: with coordinate-descent tuning on, inductor lowers a one-row
+    # matmul to a tuned reduction kernel of its own (the AR step's input projections run there)
+    compiled_linear = torch.compile(torch.nn.functional.linear, options=layer_options(), dynamic=False)
 
     # (chain, row, run, is the reference of its chain)
     runs = [
         ("plain", "small_linear (PDL), one launch a layer", lambda: launched_chain(x, weights, small_linear), True),
         ("plain", "F.linear (cuBLAS), one launch a layer",
          lambda: launched_chain(x, weights, torch.nn.functional.linear), False),
+        ("plain", "F.linear compiled as the layers are (inductor's one-row reduction), one launch a layer",
+         lambda: launched_chain(x, weights, compiled_linear), False),
         ("plain", "persistent, wait then load", lambda: persistent_chain(x, weights, sms, False), False),
         ("plain", "persistent, first K step loaded before the wait", lambda: persistent_chain(x, weights, sms, True), False),
         ("normed", "norm kernel + small_linear (PDL), two launches a layer",
