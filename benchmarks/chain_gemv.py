@@ -183,7 +183,10 @@ def persistent_chain(x: torch.Tensor, weights: torch.Tensor, programs: int, pref
     """`[x, y1, ..., yL]` from one launch of `programs` programs (all resident at once on a GPU; one
     under the interpreter, which runs programs one after another), each layer's input normed first
     where `norm_weight` is given. Besides the launch: one copy of `x` and one reset of the counters."""
+    from benchmarks.common import check_resident
+
     check_shapes(x, weights)
+    check_resident(programs, x)
     L, D = weights.shape[0], weights.shape[1]
     norm = norm_weight is not None
     ys = torch.empty(L + 1, D, dtype=x.dtype, device=x.device)

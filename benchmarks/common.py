@@ -178,6 +178,20 @@ def start_gpu_run(script: str, acceptance: str) -> dict:
     return info
 
 
+def check_resident(programs: int, t: torch.Tensor) -> None:
+    """A kernel whose programs wait for one another never ends unless all of them are resident at
+    once: at most one program per SM here (each such kernel of ours fits one), and exactly one under
+    the interpreter, which runs programs one after another."""
+    from hybridspec.ops.dispatch import TRITON_INTERPRET
+
+    interpreted = TRITON_INTERPRET or not t.is_cuda
+    limit = 1 if interpreted else torch.cuda.get_device_properties(t.device).multi_processor_count
+    if not 1 <= programs <= limit:
+        where = "under the interpreter" if interpreted else f"on this GPU ({limit} SMs)"
+        raise ValueError(f"{programs} programs that wait for one another cannot all be resident {where}: "
+                         f"use 1 to {limit}")
+
+
 def write_json(path: str | os.PathLike, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

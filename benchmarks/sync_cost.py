@@ -83,12 +83,18 @@ def edges(buf: torch.Tensor, n: int, pdl: bool) -> None:
 
 def hops(flag: torch.Tensor, programs: int, n: int) -> None:
     """One launch of `programs` programs passing the flag `n` times (the flag reset first)."""
+    from benchmarks.common import check_resident
+
+    check_resident(programs, flag)
     flag.zero_()
     _hop_kernel[(programs,)](flag, n, num_warps=1)
 
 
 def barriers(count: torch.Tensor, programs: int, n: int) -> None:
     """One launch of `programs` programs meeting `n` times at a counter (reset first)."""
+    from benchmarks.common import check_resident
+
+    check_resident(programs, count)
     count.zero_()
     _barrier_kernel[(programs,)](count, n, num_warps=1)
 

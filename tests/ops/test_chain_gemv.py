@@ -91,3 +91,11 @@ def test_shapes_are_checked():
         check_shapes(torch.zeros(128), torch.zeros(2, 128, 128))
     with pytest.raises(ValueError, match="share a dtype"):
         check_shapes(torch.zeros(256), torch.zeros(2, 256, 256, dtype=torch.bfloat16))
+
+
+def test_more_programs_than_can_be_resident_are_refused():
+    from benchmarks.chain_gemv import persistent_chain
+
+    x, weights, _ = _chain("cpu", L=1, D=256)
+    with pytest.raises(ValueError, match="cannot all be resident"):
+        persistent_chain(x, weights, 2, prefetch=True)

@@ -65,3 +65,13 @@ def test_every_sm_passes_the_flag_and_meets_on_cuda():
     torch.cuda.synchronize()
     assert flag.item() == 5 * sms + 3
     assert count.item() == 9 * sms
+
+
+def test_programs_that_cannot_all_be_resident_are_refused():
+    from benchmarks.sync_cost import barriers, hops
+
+    # on the CPU (interpreted or not) programs run one after another: a second one would wait forever
+    with pytest.raises(ValueError, match="cannot all be resident"):
+        hops(torch.zeros(1, dtype=torch.int32), 2, 5)
+    with pytest.raises(ValueError, match="use 1 to 1"):
+        barriers(torch.zeros(1, dtype=torch.int32), 0, 5)
