@@ -30,7 +30,9 @@ weights, one row, outputs rounded to bf16, every row inside a CUDA graph, the sa
 Per layer: the graph's time over L. Acceptance: not applicable (no drafts, no model). Every
 program must be resident at once, so the grid is the SM count. Each row is checked against its
 chain's first row before its time is reported: a relative error above 1e-2 (a layer read before it
-was done) stops the run; `same_bits` says whether the bits agree.
+was done) stops the run; `same_bits` says whether the bits agree. A persistent program that has
+spun `MAX_SPINS` loads gives up and raises an error flag instead of hanging the GPU, and the run
+stops with that error.
 
     python benchmarks/chain_gemv.py [--dim 4096] [--layers 32] [--out bench_out/chain_gemv]
 """
@@ -51,6 +53,7 @@ from hybridspec.ops.checks import dot_precision  # noqa: E402
 from hybridspec.ops.dispatch import TRITON_INTERPRET  # noqa: E402
 from hybridspec.ops.moe_triton import _round_bf16  # noqa: E402
 from hybridspec.ops.pdl_triton import pdl_enter  # noqa: E402
+from benchmarks.sync_cost import MAX_SPINS, check_waits, report_gave_up, spin_until  # noqa: E402
 
 ACCEPTANCE = "not applicable (no drafts, no model)"
 # small_linear's tiles at one row (LinearKernelConfig: block_n 16, block_k 256, 4 warps)
@@ -135,7 +138,7 @@ def _gemv_kernel(y_in, w_ptr, y_out, g_ptr, D, s_w, eps, NORM: tl.constexpr, BLO
 
 
 @triton.jit
-def _chain_kernel(y_ptr, w_ptr, g_ptr, done_ptr, layers, D, s_w, s_wl, eps, NORM: tl.constexpr,
+def _chain_kernel(y_ptr, w_ptr, g_ptr, done_ptr, err_ptr, layers, D, s_w, s_wl, eps, spins, NORM: tl.constexpr,
                   PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     pid = tl.program_id(0)
@@ -143,6 +146,7 @@ def _chain_kernel(y_ptr, w_ptr, g_ptr, done_ptr, layers, D, s_w, s_wl, eps, NORM
     tiles = D // BLOCK_N
     first_cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     ck0 = tl.arange(0, BLOCK_K)
+    budget = spins
     for layer in range(layers):
         w_layer = w_ptr + tl.cast(layer, tl.int64) * s_wl
         y_in = y_ptr + tl.cast(layer, tl.int64) * D
@@ -152,9 +156,7 @@ def _chain_kernel(y_ptr, w_ptr, g_ptr, done_ptr, layers, D, s_w, s_wl, eps, NORM
             # this program's first tile's first K step, before the previous layer is done
             w_first = tl.load(w_layer + first_cols[:, None].to(tl.int64) * s_w + ck0[None, :], mask=pid < tiles)
         if layer > 0:
-            seen = tl.atomic_add(done_ptr + layer - 1, 0, sem="acquire", scope="gpu")
-            while seen < programs:
-                seen = tl.atomic_add(done_ptr + layer - 1, 0, sem="acquire", scope="gpu")
+            budget = spin_until(done_ptr + layer - 1, programs, budget, False)
         if not PREFETCH:
             w_first = tl.load(w_layer + first_cols[:, None].to(tl.int64) * s_w + ck0[None, :], mask=pid < tiles)
         for t in range(pid, tiles, programs):
@@ -166,6 +168,7 @@ def _chain_kernel(y_ptr, w_ptr, g_ptr, done_ptr, layers, D, s_w, s_wl, eps, NORM
         # every warp's stores before the one thread's release
         tl.debug_barrier()
         tl.atomic_add(done_ptr + layer, 1, sem="release", scope="gpu")
+    report_gave_up(budget, err_ptr)
 
 
 def check_shapes(x: torch.Tensor, weights: torch.Tensor) -> None:
@@ -179,10 +182,12 @@ def check_shapes(x: torch.Tensor, weights: torch.Tensor) -> None:
 
 
 def persistent_chain(x: torch.Tensor, weights: torch.Tensor, programs: int, prefetch: bool,
-                     norm_weight: torch.Tensor | None = None) -> list[torch.Tensor]:
+                     norm_weight: torch.Tensor | None = None, err: torch.Tensor | None = None,
+                     spins: int = MAX_SPINS) -> list[torch.Tensor]:
     """`[x, y1, ..., yL]` from one launch of `programs` programs (all resident at once on a GPU; one
     under the interpreter, which runs programs one after another), each layer's input normed first
-    where `norm_weight` is given. Besides the launch: one copy of `x` and one reset of the counters."""
+    where `norm_weight` is given. Besides the launch: one copy of `x` and one reset of the counters.
+    `err` (int32, one element) is set where a program gave up waiting after `spins` loads."""
     from benchmarks.common import check_resident
 
     check_shapes(x, weights)
@@ -191,9 +196,10 @@ def persistent_chain(x: torch.Tensor, weights: torch.Tensor, programs: int, pref
     norm = norm_weight is not None
     ys = torch.empty(L + 1, D, dtype=x.dtype, device=x.device)
     done = torch.zeros(L, dtype=torch.int32, device=x.device)
+    err = torch.zeros(1, dtype=torch.int32, device=x.device) if err is None else err
     ys[0].copy_(x)
-    _chain_kernel[(programs,)](ys, weights, norm_weight if norm else x, done, L, D, weights.stride(1),
-                               weights.stride(0), EPS, NORM=norm, PREFETCH=prefetch, BLOCK_M=BLOCK_M,
+    _chain_kernel[(programs,)](ys, weights, norm_weight if norm else x, done, err, L, D, weights.stride(1),
+                               weights.stride(0), EPS, spins, NORM=norm, PREFETCH=prefetch, BLOCK_M=BLOCK_M,
                                BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PRECISION=dot_precision(x),
                                INTERPRET=TRITON_INTERPRET, num_warps=NUM_WARPS)
     return list(ys.unbind(0))
@@ -257,6 +263,8 @@ def main() -> None:
     # the runner's compile options: with coordinate-descent tuning on, inductor lowers a one-row
     # matmul to a tuned reduction kernel of its own (the AR step's input projections run there)
     compiled_linear = torch.compile(torch.nn.functional.linear, options=layer_options(), dynamic=False)
+    # set by a persistent row's program that gave up waiting (checked after each row's first replay)
+    err = torch.zeros(1, dtype=torch.int32, device="cuda")
 
     # (chain, row, run, is the reference of its chain)
     runs = [
@@ -265,16 +273,17 @@ def main() -> None:
          lambda: launched_chain(x, weights, torch.nn.functional.linear), False),
         ("plain", "F.linear compiled as the layers are (inductor's one-row reduction), one launch a layer",
          lambda: launched_chain(x, weights, compiled_linear), False),
-        ("plain", "persistent, wait then load", lambda: persistent_chain(x, weights, sms, False), False),
-        ("plain", "persistent, first K step loaded before the wait", lambda: persistent_chain(x, weights, sms, True), False),
+        ("plain", "persistent, wait then load", lambda: persistent_chain(x, weights, sms, False, err=err), False),
+        ("plain", "persistent, first K step loaded before the wait",
+         lambda: persistent_chain(x, weights, sms, True, err=err), False),
         ("normed", "norm kernel + small_linear (PDL), two launches a layer",
          lambda: normed_launched_chain(x, weights, g, fused=False), True),
         ("normed", "norm in each program's prologue (PDL), one launch a layer",
          lambda: normed_launched_chain(x, weights, g, fused=True), False),
         ("normed", "persistent, norm in the prologue, wait then load",
-         lambda: persistent_chain(x, weights, sms, False, g), False),
+         lambda: persistent_chain(x, weights, sms, False, g, err=err), False),
         ("normed", "persistent, norm in the prologue, first K step before the wait",
-         lambda: persistent_chain(x, weights, sms, True, g), False),
+         lambda: persistent_chain(x, weights, sms, True, g, err=err), False),
     ]
     rows, want = [], {}
     for chain, name, run, reference in runs:
@@ -282,6 +291,7 @@ def main() -> None:
         graph = capture(lambda run=run, box=box: box.update(ys=run()))
         graph.replay()
         torch.cuda.synchronize()
+        check_waits(err, name)
         got = torch.stack(box["ys"]).float()
         if reference:
             want[chain] = got.clone()

@@ -19,7 +19,9 @@ the count (so the graph launch, the flag's reset and the first kernel's start fa
 
 Acceptance: not applicable (no drafts, no model). Every program of the persistent kernels must be
 resident at once, so P is the number of SMs and each program is one warp; the kernels check their
-own end state (the flag and the counter) before anything is reported.
+own end state (the flag and the counter) before anything is reported. A program that has spun
+`MAX_SPINS` loads in all gives up and raises an error flag instead of hanging the GPU (another
+process on the card, or a grid larger than can be resident), and the run stops with that error.
 
     python benchmarks/sync_cost.py [--out bench_out/sync_cost]
 """
@@ -40,6 +42,9 @@ from hybridspec.ops.dispatch import pdl_launch, use_pdl  # noqa: E402
 from hybridspec.ops.pdl_triton import pdl_enter  # noqa: E402
 
 ACCEPTANCE = "not applicable (no drafts, no model)"
+# acquire loads a program may spin in all before it gives up (~0.5-1 us each: seconds, against the
+# microseconds a wait of a resident grid takes)
+MAX_SPINS = 1 << 22
 # the counts whose slope is reported; the larger ones make the reset and the launch a small part
 EDGES = (64, 256)
 HOPS = (1024, 8192)
@@ -54,24 +59,55 @@ def _edge_kernel(buf_ptr, USE_PDL: tl.constexpr):
 
 
 @triton.jit
-def _hop_kernel(flag_ptr, hops):
-    pid = tl.program_id(0)
-    for h in range(pid, hops, tl.num_programs(0)):
-        seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-        while seen != h:
-            seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-        tl.atomic_xchg(flag_ptr, h + 1, sem="release", scope="gpu")
+def spin_until(ptr, target, budget, EXACT: tl.constexpr):
+    """Acquire loads of `*ptr` (GPU scope) until it equals `target` (EXACT) or reaches it, at most
+    `budget` more. Returns the budget left, or -1 where it ran out first; a later call with a
+    negative budget loads once, so a program that gave up passes its other waits at once."""
+    seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    if EXACT:
+        while (seen != target) & (budget > 0):
+            seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+            budget -= 1
+        ok = seen == target
+    else:
+        while (seen < target) & (budget > 0):
+            seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+            budget -= 1
+        ok = seen >= target
+    return tl.where(ok, budget, -1)
 
 
 @triton.jit
-def _barrier_kernel(count_ptr, rounds):
+def report_gave_up(budget, err_ptr):
+    if budget < 0:
+        tl.atomic_xchg(err_ptr, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _hop_kernel(flag_ptr, err_ptr, hops, spins):
+    pid = tl.program_id(0)
+    budget = spins
+    for h in range(pid, hops, tl.num_programs(0)):
+        budget = spin_until(flag_ptr, h, budget, True)
+        tl.atomic_xchg(flag_ptr, h + 1, sem="release", scope="gpu")
+    report_gave_up(budget, err_ptr)
+
+
+@triton.jit
+def _barrier_kernel(count_ptr, err_ptr, rounds, spins):
     programs = tl.num_programs(0)
+    budget = spins
     for r in range(rounds):
         tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
-        target = programs * (r + 1)
-        seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-        while seen < target:
-            seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+        budget = spin_until(count_ptr, programs * (r + 1), budget, False)
+    report_gave_up(budget, err_ptr)
+
+
+def check_waits(err: torch.Tensor, what: str) -> None:
+    """Stop where a program of `what` gave up waiting (`err` set by `report_gave_up`)."""
+    if int(err.item()):
+        raise SystemExit(f"{what}: a program gave up waiting after {MAX_SPINS} loads, so not every program "
+                         "was resident at once (another process on the GPU?); its figures would be wrong")
 
 
 def edges(buf: torch.Tensor, n: int, pdl: bool) -> None:
@@ -81,22 +117,24 @@ def edges(buf: torch.Tensor, n: int, pdl: bool) -> None:
         _edge_kernel[(buf.numel(),)](buf, USE_PDL=on, num_warps=1, **pdl_launch(on))
 
 
-def hops(flag: torch.Tensor, programs: int, n: int) -> None:
-    """One launch of `programs` programs passing the flag `n` times (the flag reset first)."""
+def hops(flag: torch.Tensor, programs: int, n: int, err: torch.Tensor, spins: int = MAX_SPINS) -> None:
+    """One launch of `programs` programs passing the flag `n` times (the flag reset first); `err`
+    (int32, one element) is set where a program gave up waiting."""
     from benchmarks.common import check_resident
 
     check_resident(programs, flag)
     flag.zero_()
-    _hop_kernel[(programs,)](flag, n, num_warps=1)
+    _hop_kernel[(programs,)](flag, err, n, spins, num_warps=1)
 
 
-def barriers(count: torch.Tensor, programs: int, n: int) -> None:
-    """One launch of `programs` programs meeting `n` times at a counter (reset first)."""
+def barriers(count: torch.Tensor, programs: int, n: int, err: torch.Tensor, spins: int = MAX_SPINS) -> None:
+    """One launch of `programs` programs meeting `n` times at a counter (reset first); `err` as in
+    `hops`."""
     from benchmarks.common import check_resident
 
     check_resident(programs, count)
     count.zero_()
-    _barrier_kernel[(programs,)](count, n, num_warps=1)
+    _barrier_kernel[(programs,)](count, err, n, spins, num_warps=1)
 
 
 def slope_us(run, counts: tuple[int, int]) -> tuple[float, list[float]]:
@@ -124,15 +162,17 @@ def main() -> None:
             buf = torch.zeros(programs, dtype=torch.int32, device="cuda")
             us, times = slope_us(lambda n: edges(buf, n, pdl), EDGES)
             rows.append(dict(kind="edge", programs=programs, pdl=pdl and use_pdl(buf), counts=EDGES, graph_ms=times, us_each=us))
-    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
-    us, times = slope_us(lambda n: hops(flag, sms, n), HOPS)
+    flag, err = (torch.zeros(1, dtype=torch.int32, device="cuda") for _ in range(2))
+    us, times = slope_us(lambda n: hops(flag, sms, n, err), HOPS)
     torch.cuda.synchronize()
+    check_waits(err, "the hop kernel")
     if int(flag.item()) != HOPS[1]:
         raise SystemExit(f"the hop kernel ended with the flag at {int(flag.item())}, not {HOPS[1]}")
     rows.append(dict(kind="hop", programs=sms, pdl=False, counts=HOPS, graph_ms=times, us_each=us))
     count = torch.zeros(1, dtype=torch.int32, device="cuda")
-    us, times = slope_us(lambda n: barriers(count, sms, n), ROUNDS)
+    us, times = slope_us(lambda n: barriers(count, sms, n, err), ROUNDS)
     torch.cuda.synchronize()
+    check_waits(err, "the barrier kernel")
     if int(count.item()) != sms * ROUNDS[1]:
         raise SystemExit(f"the barrier kernel ended with the counter at {int(count.item())}, not {sms * ROUNDS[1]}")
     rows.append(dict(kind="barrier", programs=sms, pdl=False, counts=ROUNDS, graph_ms=times, us_each=us))

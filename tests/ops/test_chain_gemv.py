@@ -77,9 +77,11 @@ def test_every_sm_gives_the_references_result_on_cuda(prefetch, norm, D):
         want = torch.stack(normed_launched_chain(x, weights, g, fused=False)).float()
     else:
         want = torch.stack(launched_chain(x, weights, small_linear)).float()
+    err = torch.zeros(1, dtype=torch.int32, device="cuda")
     for _ in range(3):
-        got = torch.stack(persistent_chain(x, weights, sms, prefetch, g if norm else None)).float()
+        got = torch.stack(persistent_chain(x, weights, sms, prefetch, g if norm else None, err=err)).float()
         assert ((got - want).norm() / want.norm()).item() < 1e-2
+    assert err.item() == 0
 
 
 def test_shapes_are_checked():
@@ -99,3 +101,19 @@ def test_more_programs_than_can_be_resident_are_refused():
     x, weights, _ = _chain("cpu", L=1, D=256)
     with pytest.raises(ValueError, match="cannot all be resident"):
         persistent_chain(x, weights, 2, prefetch=True)
+
+
+@interpreted
+def test_a_program_that_waits_in_vain_gives_up_and_says_so():
+    # two programs under the interpreter: the first waits at layer 1 for the second, which has not
+    # run yet, spins its budget out and raises the error flag instead of hanging
+    from benchmarks.chain_gemv import BLOCK_K, BLOCK_M, BLOCK_N, EPS, _chain_kernel
+
+    x, weights, _ = _chain("cpu", L=2, D=256)
+    ys = torch.zeros(3, 256, dtype=torch.bfloat16)
+    ys[0] = x
+    done, err = torch.zeros(2, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    _chain_kernel[(2,)](ys, weights, x, done, err, 2, 256, weights.stride(1), weights.stride(0), EPS, 20,
+                        NORM=False, PREFETCH=True, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                        PRECISION="ieee", INTERPRET=True, num_warps=4)
+    assert err.item() == 1

@@ -27,8 +27,9 @@ def test_one_program_passes_the_flag_n_times(n):
     from benchmarks.sync_cost import hops
 
     flag = torch.full((1,), 123, dtype=torch.int32)  # reset by the call
-    hops(flag, 1, n)
-    assert flag.item() == n
+    err = torch.zeros(1, dtype=torch.int32)
+    hops(flag, 1, n, err)
+    assert flag.item() == n and err.item() == 0
 
 
 @interpreted
@@ -37,8 +38,9 @@ def test_one_program_meets_itself_n_times(n):
     from benchmarks.sync_cost import barriers
 
     count = torch.full((1,), -4, dtype=torch.int32)
-    barriers(count, 1, n)
-    assert count.item() == n
+    err = torch.zeros(1, dtype=torch.int32)
+    barriers(count, 1, n, err)
+    assert count.item() == n and err.item() == 0
 
 
 def test_it_refuses_to_run_without_cuda(monkeypatch):
@@ -58,13 +60,13 @@ def test_every_sm_passes_the_flag_and_meets_on_cuda():
     from benchmarks.sync_cost import barriers, hops
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
-    hops(flag, sms, 5 * sms + 3)
-    count = torch.zeros(1, dtype=torch.int32, device="cuda")
-    barriers(count, sms, 9)
+    flag, count, err = (torch.zeros(1, dtype=torch.int32, device="cuda") for _ in range(3))
+    hops(flag, sms, 5 * sms + 3, err)
+    barriers(count, sms, 9, err)
     torch.cuda.synchronize()
     assert flag.item() == 5 * sms + 3
     assert count.item() == 9 * sms
+    assert err.item() == 0
 
 
 def test_programs_that_cannot_all_be_resident_are_refused():
@@ -72,6 +74,22 @@ def test_programs_that_cannot_all_be_resident_are_refused():
 
     # on the CPU (interpreted or not) programs run one after another: a second one would wait forever
     with pytest.raises(ValueError, match="cannot all be resident"):
-        hops(torch.zeros(1, dtype=torch.int32), 2, 5)
+        hops(torch.zeros(1, dtype=torch.int32), 2, 5, torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match="use 1 to 1"):
-        barriers(torch.zeros(1, dtype=torch.int32), 0, 5)
+        barriers(torch.zeros(1, dtype=torch.int32), 0, 5, torch.zeros(1, dtype=torch.int32))
+
+
+@interpreted
+def test_a_program_that_waits_in_vain_gives_up_and_says_so():
+    # two programs under the interpreter: the first waits for the second, which has not run yet, so
+    # it spins its budget out, raises the error flag and goes on; the host then stops the run
+    from benchmarks.sync_cost import _barrier_kernel, _hop_kernel, check_waits
+
+    count, err = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    _barrier_kernel[(2,)](count, err, 1, 50, num_warps=1)
+    assert err.item() == 1 and count.item() == 2
+    flag, err = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    _hop_kernel[(2,)](flag, err, 3, 50, num_warps=1)
+    assert err.item() == 1
+    with pytest.raises(SystemExit, match="gave up waiting"):
+        check_waits(err, "the hop kernel")
