@@ -151,14 +151,14 @@ def _chain_kernel(y_ptr, w_ptr, g_ptr, done_ptr, err_ptr, layers, D, s_w, s_wl, 
         w_layer = w_ptr + tl.cast(layer, tl.int64) * s_wl
         y_in = y_ptr + tl.cast(layer, tl.int64) * D
         y_out = y_in + D
-        w_first = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
+        first = w_layer + first_cols[:, None].to(tl.int64) * s_w + ck0[None, :]
         if PREFETCH:
             # this program's first tile's first K step, before the previous layer is done
-            w_first = tl.load(w_layer + first_cols[:, None].to(tl.int64) * s_w + ck0[None, :], mask=pid < tiles)
+            w_first = tl.load(first, mask=pid < tiles)
         if layer > 0:
             budget = spin_until(done_ptr + layer - 1, programs, budget, False)
         if not PREFETCH:
-            w_first = tl.load(w_layer + first_cols[:, None].to(tl.int64) * s_w + ck0[None, :], mask=pid < tiles)
+            w_first = tl.load(first, mask=pid < tiles)
         for t in range(pid, tiles, programs):
             if t != pid:
                 cols = t * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -178,6 +178,35 @@ def small_linear(rows: int = 1, **changes):
                         ints=dict(M=rows, N=2048, K=4096, k_span=4096 // cfg.out_split_k, s_xm=4096, s_wn=4096))
 
 
+def chain_gemv(kernel: str = "chain", norm: bool = False, prefetch: bool = True):
+    """`benchmarks/chain_gemv.py`'s kernels at D = 4096 as it launches them: the persistent chain
+    (`chain`), the launched GEMV with the norm in its prologue (`gemv`), the norm kernel (`norm`)."""
+    from benchmarks import chain_gemv as cg
+
+    tiles = dict(BLOCK_M=cg.BLOCK_M, BLOCK_N=cg.BLOCK_N, BLOCK_K=cg.BLOCK_K, PRECISION="tf32", INTERPRET=False)
+    # the launched kernels name their activations y_in / y_out, not *_ptr
+    types = {"done_ptr": "*i32", "err_ptr": "*i32", "eps": "fp32", "y_in": "*bf16", "y_out": "*bf16"}
+    ints = dict(D=4096, s_w=4096)
+    if kernel == "chain":
+        return compile_sm90(cg._chain_kernel, "bf16", dict(NORM=norm, PREFETCH=prefetch, **tiles), num_warps=cg.NUM_WARPS,
+                            types=types, ints=dict(ints, s_wl=4096 * 4096))
+    if kernel == "gemv":
+        return compile_sm90(cg._gemv_kernel, "bf16", dict(NORM=True, USE_PDL=True, **tiles), num_warps=cg.NUM_WARPS,
+                            types=types, ints=ints)
+    return compile_sm90(cg._norm_kernel, "bf16", dict(BLOCK_K=cg.BLOCK_K, INTERPRET=False, USE_PDL=True),
+                        num_warps=cg.NUM_WARPS, types=types, ints=dict(D=4096))
+
+
+def sync_cost(kernel: str):
+    """`benchmarks/sync_cost.py`'s kernels (one warp a program): `edge`, `hop`, `barrier`."""
+    from benchmarks import sync_cost as sc
+
+    if kernel == "edge":
+        return compile_sm90(sc._edge_kernel, "i32", dict(USE_PDL=True), num_warps=1)
+    fn = sc._hop_kernel if kernel == "hop" else sc._barrier_kernel
+    return compile_sm90(fn, "i32", {}, num_warps=1)
+
+
 # name -> (what it is, how to compile it); "AR": one row (the AR step), "round": 16 rows
 ROWS = {
     "gdn_verify 16-row BV32 BK64 w4 AR": ("the AR step's form with one_row off", lambda: verify(False)),
@@ -204,6 +233,17 @@ ROWS = {
                                 small_linear),
     "small_linear num_stages=3 AR": ("one pipelined tile fewer", lambda: small_linear(num_stages=3)),
     "small_linear block_k=128 AR": ("a narrower K step", lambda: small_linear(block_k=128)),
+    "chain_gemv persistent": ("chain_gemv.py: one program per SM ordered by counters, weights after the wait",
+                              lambda: chain_gemv(prefetch=False)),
+    "chain_gemv persistent prefetch": ("the first K step loaded before the wait", chain_gemv),
+    "chain_gemv persistent norm": ("with the RMSNorm in the prologue", lambda: chain_gemv(norm=True, prefetch=False)),
+    "chain_gemv persistent norm prefetch": ("both", lambda: chain_gemv(norm=True)),
+    "chain_gemv launched gemv norm": ("one launch a layer, the norm in every program's prologue",
+                                      lambda: chain_gemv("gemv")),
+    "chain_gemv launched norm": ("the norm as a kernel of its own", lambda: chain_gemv("norm")),
+    "sync_cost edge": ("sync_cost.py: the tiny kernel of a PDL edge", lambda: sync_cost("edge")),
+    "sync_cost hop": ("a flag passed between SMs", lambda: sync_cost("hop")),
+    "sync_cost barrier": ("a grid barrier", lambda: sync_cost("barrier")),
 }
 
 
